@@ -1,0 +1,124 @@
+"""The control panel of the suite: markers, platform skips, Triton mode, hypothesis profiles,
+per-test seeds and the report header."""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+
+import torch
+
+# Triton kernels run on the CPU through the interpreter when no GPU is present. This must be set
+# before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from specverify.platform import ENV_VAR, get_profile, native_platform  # noqa: E402
+
+MARKERS = {
+    "cuda": "needs a native CUDA device",
+    "rocm": "needs a native ROCm device",
+    "gpu": "needs a native GPU (CUDA or ROCm)",
+    "fp8": "exercises FP8 logits or quantization",
+    "golden": "compares against committed golden files",
+    "e2e": "end-to-end decoding through generate()",
+    "slow": "long; runs only with --run-slow or SPECVERIFY_RUN_SLOW=1",
+}
+PLATFORM_MARKERS = {"cuda": ("cuda",), "rocm": ("rocm",), "gpu": ("cuda", "rocm")}
+
+settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=1000, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
+    parser.addoption("--sv-hypothesis-profile", default=None,
+                     help="hypothesis profile: ci | dev | thorough (env SPECVERIFY_HYPOTHESIS_PROFILE; "
+                          "default ci under CI, else dev)")
+
+
+def pytest_configure(config):
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+    profile = (config.getoption("--sv-hypothesis-profile")
+               or os.environ.get("SPECVERIFY_HYPOTHESIS_PROFILE")
+               or ("ci" if os.environ.get("CI") else "dev"))
+    settings.load_profile(profile)
+
+
+def pytest_report_header(config):
+    profile = get_profile()
+    triton_version = _triton_version()
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SPECVERIFY_")}
+    return [
+        f"specverify: platform profile {profile.name} (policy {profile.policy}, device {profile.device}, "
+        f"native {native_platform()}), argmax fast path {profile.argmax_fast_path}, "
+        f"FP8 {', '.join(profile.fp8_formats)}",
+        f"specverify: torch {torch.__version__}, triton {triton_version}, "
+        f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}, "
+        f"hypothesis profile {settings._current_profile}",
+        f"specverify: env {env or '{}'}",
+    ]
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+        return triton.__version__
+    except ImportError:
+        return "absent"
+
+
+def pytest_collection_modifyitems(config, items):
+    native = native_platform()
+    run_slow = config.getoption("--run-slow") or os.environ.get("SPECVERIFY_RUN_SLOW") == "1"
+    for item in items:
+        for marker, platforms in PLATFORM_MARKERS.items():
+            if marker in item.keywords and native not in platforms:
+                item.add_marker(pytest.mark.skip(reason=f"{marker}-marked: this machine is {native}"))
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow: pass --run-slow or SPECVERIFY_RUN_SLOW=1"))
+
+
+def seed_for(nodeid: str) -> int:
+    """A seed that depends only on the test id: same in any order and under any xdist worker."""
+    return zlib.crc32(nodeid.encode()) & 0x7FFFFFFF
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything(request):
+    seed = seed_for(request.node.nodeid)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    yield
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """The per-test seed (crc32 of the test id)."""
+    return seed_for(request.node.nodeid)
+
+
+@pytest.fixture
+def platform_profile():
+    """The profile SPECVERIFY_PLATFORM selects (native by default)."""
+    return get_profile()
+
+
+@pytest.fixture
+def platform_env(monkeypatch):
+    """Select a platform profile for one test: `platform_env("rocm-emulated")`."""
+    def select(name: str):
+        monkeypatch.setenv(ENV_VAR, name)
+        return get_profile()
+    return select

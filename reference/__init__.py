@@ -1,0 +1,33 @@
+"""The slow, pure reference of specverify: docs/semantics.md read as plain maths.
+
+Independent of `specverify/` by construction (it imports nothing from it; a test enforces
+this): float64 throughout, no KV cache, no fusion, no Triton. It gives
+
+- `forward` / `forward_logits` / `tree_node_logits`: the cache-free target model (section 1);
+- `convert_logits` / `greedy_token`: logits dtypes, FP8 included, and the tie rule (sections 2-3);
+- `filtered_probs` / `draw` / `sample_token` / `uniform_stream`: sampling (section 4);
+- `generate`: target-only generation (section 5), the output every decoder must reproduce.
+"""
+
+from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
+from reference.logits import ConvertedLogits, convert_logits, greedy_token, row_scale
+from reference.model import forward, forward_logits, tree_node_logits
+from reference.sampling import draw, filtered_probs, sample_token, uniform_stream
+
+__all__ = [
+    "ConvertedLogits",
+    "ReferenceOutput",
+    "TokenLogprob",
+    "convert_logits",
+    "draw",
+    "filtered_probs",
+    "forward",
+    "forward_logits",
+    "generate",
+    "greedy_token",
+    "logprob_record",
+    "row_scale",
+    "sample_token",
+    "tree_node_logits",
+    "uniform_stream",
+]

@@ -1,0 +1,157 @@
+"""The decoder loop: requests, batching, EOS, max_new_tokens, logprobs.
+
+`generate(spec=None)` is plain cached target-only decoding: one prefill of every prompt, then one
+batched decode step per token over the requests still running. Each request owns a row of the
+slot table; its pages are freed when it finishes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+
+from specverify.engine.logprobs import TokenLogprob, logprob_records
+from specverify.engine.sampling import SamplingParams, choose_tokens, uniform_stream
+from specverify.models import Batch, ModelCache, Models, chain_mask
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    tokens: list[list[int]]                          # emitted token ids per request
+    logprobs: list[list[TokenLogprob]] | None = None  # per request, per token (logprobs > 0)
+    accept_lengths: list[list[int]] | None = None    # per request, tokens emitted per spec step
+
+
+@dataclasses.dataclass
+class Request:
+    index: int                  # position in the prompt list (selects the uniform stream)
+    prompt: list[int]
+    max_new_tokens: int
+    uniforms: torch.Tensor      # [max_new_tokens] float64
+    row: int = -1               # slot-table row while running
+    cached: int = 0             # tokens whose K/V are in the cache
+    output: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1]
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens, vocab_size: int,
+                  max_context: int) -> list[int]:
+    """Validate prompts and per-request budgets; return max_new_tokens as a list."""
+    if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+    if len(budgets) != len(prompts):
+        raise ValueError(f"max_new_tokens has {len(budgets)} entries for {len(prompts)} prompts")
+    for i, (p, n) in enumerate(zip(prompts, budgets)):
+        if len(p) == 0:
+            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token")
+        bad = [t for t in p if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ValueError(f"prompts[{i}] has token id {bad[0]} outside [0, {vocab_size})")
+        if int(n) < 1:
+            raise ValueError(f"max_new_tokens[{i}] must be >= 1, got {n}")
+        if len(p) + int(n) > max_context:
+            raise ValueError(f"prompts[{i}]: prompt length {len(p)} + max_new_tokens {n} exceeds "
+                             f"max_context {max_context}")
+    return [int(n) for n in budgets]
+
+
+def new_requests(prompts, budgets: list[int], seed: int) -> list[Request]:
+    return [Request(i, [int(t) for t in p], n, uniform_stream(seed, i, n))
+            for i, (p, n) in enumerate(zip(prompts, budgets))]
+
+
+def extend_batch(reqs: list[Request], token_lists: list[list[int]], device) -> Batch:
+    """A chain of new tokens per request, appended after what each request has cached."""
+    q = max(len(t) for t in token_lists)
+    ids = torch.zeros((len(reqs), q), dtype=torch.int64)
+    for b, toks in enumerate(token_lists):
+        ids[b, :len(toks)] = torch.tensor(toks, dtype=torch.int64)
+    kv_lens = torch.tensor([r.cached for r in reqs], dtype=torch.int64)
+    q_lens = torch.tensor([len(t) for t in token_lists], dtype=torch.int64)
+    positions = kv_lens[:, None] + torch.arange(q)[None, :]
+    mask, parents = chain_mask(len(reqs), q, "cpu")
+    max_kv = int((kv_lens + q_lens).max())
+    rows = torch.tensor([r.row for r in reqs], dtype=torch.int64)
+    return Batch(ids.to(device), positions.to(device), rows.to(device), kv_lens.to(device),
+                 q_lens.to(device), mask.to(device), parents.to(device), max_kv)
+
+
+def run_extend(models: Models, cache: ModelCache, reqs: list[Request], token_lists: list[list[int]]):
+    """Append `token_lists` to the requests' caches; return logits and scale of each last token."""
+    for r, toks in zip(reqs, token_lists):
+        cache.table.reserve(r.row, r.cached + len(toks))
+    batch = extend_batch(reqs, token_lists, models.device)
+    out = models.target.forward(cache, batch)
+    last = batch.q_lens - 1
+    ar = torch.arange(len(reqs), device=models.device)
+    for r, toks in zip(reqs, token_lists):
+        r.cached += len(toks)
+    return out.logits[ar, last], out.scale[ar, last]
+
+
+def emit(reqs: list[Request], logits: torch.Tensor, scale: torch.Tensor, params: SamplingParams,
+         eos_token_id: int | None, num_logprobs: int) -> None:
+    """Choose one token per request from its logits row and record it."""
+    u = torch.stack([r.uniforms[len(r.output)] for r in reqs])
+    tokens = choose_tokens(logits, scale, params, u)
+    if num_logprobs:
+        for r, rec in zip(reqs, logprob_records(logits, scale, tokens, num_logprobs)):
+            r.logprobs.append(rec)
+    for r, t in zip(reqs, tokens.tolist()):
+        r.output.append(t)
+        r.finished = len(r.output) >= r.max_new_tokens or (eos_token_id is not None and t == eos_token_id)
+
+
+def generate_target_only(models: Models, reqs: list[Request], params: SamplingParams, *,
+                         eos_token_id: int | None, num_logprobs: int, page_size: int) -> None:
+    cache = models.target.new_cache(max_requests=len(reqs), page_size=page_size, with_draft=False)
+    for r in reqs:
+        r.row = cache.table.alloc_row()
+    logits, scale = run_extend(models, cache, reqs, [r.prompt for r in reqs])
+    emit(reqs, logits, scale, params, eos_token_id, num_logprobs)
+    running = [r for r in reqs if not _retire(cache, r)]
+    while running:
+        logits, scale = run_extend(models, cache, running, [[r.last_token] for r in running])
+        emit(running, logits, scale, params, eos_token_id, num_logprobs)
+        running = [r for r in running if not _retire(cache, r)]
+
+
+def _retire(cache: ModelCache, r: Request) -> bool:
+    if r.finished:
+        cache.table.free_row(r.row)
+    return r.finished
+
+
+def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max_new_tokens,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+             seed: int = 0, eos_token_id: int | None = None, logprobs: int = 0,
+             page_size: int = 1) -> GenerationOutput:
+    """Decode `prompts` with the optimized decoder.
+
+    spec=None: cached target-only decoding (greedy when temperature == 0, else seeded sampling
+    with the uniform stream of docs/semantics.md). logprobs=N > 0 records, per emitted token, its
+    logprob, rank and the N best alternatives.
+    """
+    cfg = models.config
+    budgets = check_prompts(prompts, max_new_tokens, cfg.vocab_size, cfg.max_context)
+    params = SamplingParams(temperature, top_k, top_p, min_p)
+    if logprobs < 0 or logprobs > cfg.vocab_size:
+        raise ValueError(f"logprobs must be in [0, {cfg.vocab_size}], got {logprobs}")
+    if eos_token_id is not None and not 0 <= eos_token_id < cfg.vocab_size:
+        raise ValueError(f"eos_token_id {eos_token_id} is outside [0, {cfg.vocab_size})")
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    if spec is not None:
+        raise NotImplementedError("speculative decoding (spec=...) is not part of this build yet")
+    reqs = new_requests(prompts, budgets, seed)
+    generate_target_only(models, reqs, params, eos_token_id=eos_token_id, num_logprobs=logprobs,
+                         page_size=page_size)
+    return GenerationOutput([r.output for r in reqs], [r.logprobs for r in reqs] if logprobs else None)

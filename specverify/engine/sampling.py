@@ -1,0 +1,89 @@
+"""Token choice from logits: greedy (the tie contract) and seeded sampling (docs/semantics.md 3-4).
+
+Vectorized over rows; no Python loop over requests or the vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self):
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """First maximal index of the float32-upcast logits. logits: [N, V] any registry dtype -> [N]."""
+    return torch.argmax(logits.float(), dim=-1)
+
+
+def uniform_stream(seed: int, request_index: int, count: int) -> torch.Tensor:
+    """The documented per-request uniforms: float64 [count] in [0, 1)."""
+    gen = torch.Generator("cpu").manual_seed(seed * 1_000_003 + request_index)
+    return torch.rand(count, dtype=torch.float64, generator=gen)
+
+
+def _renorm(p: torch.Tensor) -> torch.Tensor:
+    return p / p.sum(-1, keepdim=True)
+
+
+def sampling_probs(logits: torch.Tensor, scale: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """float64 [N, V] distribution after temperature, top-k, top-p and min-p.
+
+    logits: [N, V] logits-dtype values; scale: [N, 1] float32 dequantization scale.
+    """
+    z = logits.to(torch.float64) * scale.to(torch.float64) / params.temperature
+    p = torch.softmax(z, dim=-1)
+    # Stable descending sort: equal probabilities keep ascending index order.
+    order = torch.sort(p, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(p.shape[-1], device=p.device).expand_as(order))
+    if params.top_k > 0:
+        p = _renorm(torch.where(rank < params.top_k, p, torch.zeros_like(p)))
+    if params.top_p < 1.0:
+        sorted_p = torch.gather(p, -1, order)
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        keep_sorted = before < params.top_p
+        keep_sorted[..., 0] = True
+        keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        p = _renorm(torch.where(keep, p, torch.zeros_like(p)))
+    if params.min_p > 0.0:
+        p = _renorm(torch.where(p >= params.min_p * p.amax(-1, keepdim=True), p, torch.zeros_like(p)))
+    return p
+
+
+def sample_from_probs(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw in vocabulary order. p: [N, V] float64; u: [N] float64 in [0, 1) -> [N]."""
+    v = p.shape[-1]
+    idx = torch.arange(v, device=p.device).expand_as(p)
+    over = torch.cumsum(p, dim=-1) > u[:, None]
+    first_over = torch.where(over, idx, torch.full_like(idx, v)).amin(-1)
+    last_positive = torch.where(p > 0, idx, torch.full_like(idx, -1)).amax(-1)
+    return torch.where(first_over < v, first_over, last_positive)
+
+
+def choose_tokens(logits: torch.Tensor, scale: torch.Tensor, params: SamplingParams,
+                  u: torch.Tensor | None) -> torch.Tensor:
+    """Next token per row: [N] int64. u: [N] float64 uniforms (ignored when greedy)."""
+    if params.greedy:
+        return greedy_tokens(logits)
+    return sample_from_probs(sampling_probs(logits, scale, params), u.to(logits.device))

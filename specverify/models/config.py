@@ -1,0 +1,67 @@
+"""Model configurations and presets (the shapes of docs/semantics.md section 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_context: int
+    layer_kinds: tuple[str, ...]        # "attention" | "recurrent", one per layer
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    num_rec_heads: int = 2              # recurrent layers: heads, key dim, value dim
+    rec_key_dim: int = 16
+    rec_value_dim: int = 16
+    compute_dtype: str = "float32"      # dtype the optimized model computes in
+    logits_dtype: str = "float32"       # dtype logits are delivered in (FP8 = quantized)
+    logits_scale: float = 1.0           # static per-model FP8 logits scale
+    logits_scale_mode: str = "static"   # "static" | "per_row"
+    init_std: float = 1.0               # scale of the random weights (larger = peakier logits)
+
+    def __post_init__(self):
+        if len(self.layer_kinds) != self.num_layers:
+            raise ValueError(f"layer_kinds has {len(self.layer_kinds)} entries, num_layers is {self.num_layers}")
+        bad = [k for k in self.layer_kinds if k not in ("attention", "recurrent")]
+        if bad:
+            raise ValueError(f"layer_kinds entries must be 'attention' or 'recurrent', got {bad}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    @property
+    def is_hybrid(self) -> bool:
+        return "recurrent" in self.layer_kinds
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _layer_kinds(num_layers: int, hybrid: bool) -> tuple[str, ...]:
+    # Hybrid models alternate recurrent and attention layers, starting with a recurrent one.
+    if not hybrid:
+        return ("attention",) * num_layers
+    return tuple("recurrent" if i % 2 == 0 else "attention" for i in range(num_layers))
+
+
+def preset(name: str, *, hybrid: bool = False) -> ModelConfig:
+    """`tiny`: CPU tests (a 64-token generation well under a second). `small`: GPU benchmarks."""
+    if name == "tiny":
+        return ModelConfig(vocab_size=389, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                           head_dim=16, intermediate_size=96, max_context=512,
+                           layer_kinds=_layer_kinds(2, hybrid), init_std=1.0)
+    if name == "small":
+        return ModelConfig(vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
+                           head_dim=64, intermediate_size=1408, max_context=4096,
+                           layer_kinds=_layer_kinds(8, hybrid), num_rec_heads=4, rec_key_dim=32,
+                           rec_value_dim=64, init_std=1.0)
+    raise ValueError(f"preset {name!r} is unknown; expected 'tiny' or 'small'")

@@ -1,0 +1,106 @@
+"""KV cache held the way engines hold it: a request -> token-slot table over a paged slot pool.
+
+- `SlotTable` maps (request row, cache index) to a token slot. Slots come in pages of
+  `page_size`; a request owns whole pages. Page 0 is reserved: slot 0 is the sink that padded
+  lanes write to, and is never handed out.
+- `KVBuffers` holds K and V per attention layer, indexed by token slot. The target and the draft
+  head each have their own buffers over the same table, as engines share `req_to_token`.
+- `StateBuffers` holds the recurrent state of each request row per recurrent layer.
+
+The allocator lives on the host (as in engines); the table and buffers live on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SINK_SLOT = 0
+
+
+class CacheFullError(RuntimeError):
+    """No free page or request row is left."""
+
+
+class SlotTable:
+    def __init__(self, *, max_requests: int, max_context: int, num_pages: int, page_size: int,
+                 device: str | torch.device = "cpu"):
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if num_pages < 2:
+            raise ValueError(f"num_pages must be >= 2 (page 0 is reserved), got {num_pages}")
+        self.page_size = page_size
+        self.max_context = max_context
+        self.num_pages = num_pages
+        self.num_slots = num_pages * page_size
+        self.req_to_token = torch.zeros((max_requests, max_context), dtype=torch.int64, device=device)
+        self._free_pages = list(range(num_pages - 1, 0, -1))   # pop() hands out the lowest first
+        self._free_rows = list(range(max_requests - 1, -1, -1))
+        self._pages: dict[int, list[int]] = {}                 # row -> pages it owns, in order
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free_pages)
+
+    def alloc_row(self) -> int:
+        if not self._free_rows:
+            raise CacheFullError("no free request row left in the slot table")
+        row = self._free_rows.pop()
+        self._pages[row] = []
+        return row
+
+    def capacity(self, row: int) -> int:
+        return len(self._pages[row]) * self.page_size
+
+    def reserve(self, row: int, length: int) -> None:
+        """Make cache indices [0, length) of `row` point at owned slots."""
+        if length > self.max_context:
+            raise ValueError(f"length {length} exceeds max_context {self.max_context}")
+        pages = self._pages[row]
+        need = -(-length // self.page_size) - len(pages)
+        if need > len(self._free_pages):
+            raise CacheFullError(f"request row {row} needs {need} more pages, {len(self._free_pages)} are free")
+        new = [self._free_pages.pop() for _ in range(max(need, 0))]
+        if new:
+            first = len(pages) * self.page_size
+            slots = torch.tensor(new, dtype=torch.int64)[:, None] * self.page_size + torch.arange(self.page_size)
+            self.req_to_token[row, first:first + slots.numel()] = slots.flatten().to(self.req_to_token.device)
+            pages.extend(new)
+
+    def shrink(self, row: int, length: int) -> None:
+        """Free every page of `row` past the one holding cache index `length - 1`."""
+        pages = self._pages[row]
+        keep = -(-length // self.page_size)
+        freed = pages[keep:]
+        if freed:
+            del pages[keep:]
+            self.req_to_token[row, keep * self.page_size:(keep + len(freed)) * self.page_size] = SINK_SLOT
+            self._free_pages.extend(reversed(freed))
+
+    def free_row(self, row: int) -> None:
+        self.shrink(row, 0)
+        del self._pages[row]
+        self._free_rows.append(row)
+
+
+class KVBuffers:
+    def __init__(self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: str | torch.device = "cpu"):
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def move(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """Copy K/V from `src_slots` to `dst_slots` (1-D, same length) in every layer."""
+        for buf in self.k + self.v:
+            buf[dst_slots] = buf[src_slots]
+
+
+class StateBuffers:
+    def __init__(self, *, num_layers: int, max_requests: int, state_shape: tuple[int, ...],
+                 dtype: torch.dtype, device: str | torch.device = "cpu"):
+        self.state = [torch.zeros((max_requests, *state_shape), dtype=dtype, device=device)
+                      for _ in range(num_layers)]
+
+    def reset(self, rows: torch.Tensor) -> None:
+        for buf in self.state:
+            buf[rows] = 0

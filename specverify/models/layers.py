@@ -1,0 +1,134 @@
+"""Building blocks shared by the target model and the draft head: norm, RoPE, cached attention,
+the recurrent mixer and the MLP. Every function is batched and padded: a batch is `bs` requests of
+up to `q` query tokens; `q_lens[b]` of them are live, the rest are padding that reads the prefix
+and writes only to the sink slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+from specverify.models.kv_cache import SINK_SLOT
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def swiglu_mlp(x: torch.Tensor, w: dict, prefix: str, eps: float) -> torch.Tensor:
+    n = rmsnorm(x, w[f"{prefix}.mlp_norm"], eps)
+    return (F.silu(n @ w[f"{prefix}.w_gate"]) * (n @ w[f"{prefix}.w_up"])) @ w[f"{prefix}.w_down"]
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    # x: [bs, q, heads, hd]; positions: [bs, q] int64
+    hd = x.shape[-1]
+    half = hd // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / hd)
+    angle = positions.to(torch.float64)[..., None] * inv_freq              # [bs, q, half]
+    cos = angle.cos().to(x.dtype)[:, :, None, :]
+    sin = angle.sin().to(x.dtype)[:, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+@dataclasses.dataclass
+class Batch:
+    """Where a forward's query tokens sit in the cache. All tensors on the model's device."""
+    input_ids: torch.Tensor     # [bs, q] int64 (padding: any valid id)
+    positions: torch.Tensor     # [bs, q] int64 RoPE positions
+    rows: torch.Tensor          # [bs] int64 request rows of the slot table
+    kv_lens: torch.Tensor       # [bs] int64 cache entries already written before this forward
+    q_lens: torch.Tensor        # [bs] int64 live query tokens
+    tree_mask: torch.Tensor     # [bs, q, q] bool: query j sees new token j' (causal for a chain)
+    parents: torch.Tensor       # [bs, q] int64 index of each token's parent in the batch, -1 = prefix
+    max_kv: int                 # upper bound of kv_lens + q_lens (fixed per graph bucket)
+
+    @property
+    def live(self) -> torch.Tensor:
+        # [bs, q] bool
+        q = self.input_ids.shape[1]
+        return torch.arange(q, device=self.input_ids.device)[None, :] < self.q_lens[:, None]
+
+    def new_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
+        """[bs, q] token slots the new tokens write to; padding lanes write to the sink."""
+        q = self.input_ids.shape[1]
+        idx = self.kv_lens[:, None] + torch.arange(q, device=self.input_ids.device)[None, :]
+        idx = idx.clamp(max=req_to_token.shape[1] - 1)
+        slots = req_to_token[self.rows[:, None], idx]
+        return torch.where(self.live, slots, torch.full_like(slots, SINK_SLOT))
+
+    def visibility(self) -> torch.Tensor:
+        """[bs, q, max_kv] bool: may query j attend to cache index t."""
+        dev = self.input_ids.device
+        q = self.input_ids.shape[1]
+        t = torch.arange(self.max_kv, device=dev)[None, :]
+        rel = t - self.kv_lens[:, None]                                     # [bs, T]
+        in_prefix = rel < 0
+        in_new = (rel >= 0) & (rel < self.q_lens[:, None])
+        idx = rel.clamp(0, q - 1)[:, None, :].expand(-1, q, -1)             # [bs, q, T]
+        tree = torch.gather(self.tree_mask, 2, idx)
+        seen = in_prefix[:, None, :] | (in_new[:, None, :] & tree)
+        # Padded queries look at index 0 only, so their softmax never sees an empty row.
+        pad = ~self.live
+        first = (t == 0)[:, None, :]
+        return torch.where(pad[:, :, None], first.expand_as(seen), seen)
+
+
+def chain_mask(bs: int, q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal tree mask [bs, q, q] and parents [bs, q] for a plain chain of new tokens."""
+    mask = torch.ones((q, q), dtype=torch.bool, device=device).tril()
+    parents = torch.arange(-1, q - 1, device=device)
+    return mask.expand(bs, q, q), parents.expand(bs, q)
+
+
+def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torch.Tensor,
+              v_cache: torch.Tensor, req_to_token: torch.Tensor, *, num_heads: int,
+              num_kv_heads: int, head_dim: int, theta: float) -> torch.Tensor:
+    # x: [bs, q, H] normed input; k_cache / v_cache: [slots, nkv, hd]
+    bs, q, _ = x.shape
+    qh = rope((x @ w[f"{prefix}.wq"]).view(bs, q, num_heads, head_dim), batch.positions, theta)
+    kh = rope((x @ w[f"{prefix}.wk"]).view(bs, q, num_kv_heads, head_dim), batch.positions, theta)
+    vh = (x @ w[f"{prefix}.wv"]).view(bs, q, num_kv_heads, head_dim)
+    slots = batch.new_slots(req_to_token).flatten()
+    k_cache[slots] = kh.reshape(-1, num_kv_heads, head_dim).to(k_cache.dtype)
+    v_cache[slots] = vh.reshape(-1, num_kv_heads, head_dim).to(v_cache.dtype)
+
+    seen_slots = req_to_token[batch.rows, :batch.max_kv]                     # [bs, T]
+    keys = k_cache[seen_slots].to(x.dtype)                                  # [bs, T, nkv, hd]
+    values = v_cache[seen_slots].to(x.dtype)
+    group = num_heads // num_kv_heads
+    keys = keys.repeat_interleave(group, dim=2).transpose(1, 2)            # [bs, nh, T, hd]
+    values = values.repeat_interleave(group, dim=2).transpose(1, 2)
+    scores = qh.transpose(1, 2) @ keys.transpose(2, 3) / math.sqrt(head_dim)  # [bs, nh, q, T]
+    scores = scores.masked_fill(~batch.visibility()[:, None, :, :], float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ values                           # [bs, nh, q, hd]
+    return out.transpose(1, 2).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
+
+
+def recurrent(x: torch.Tensor, w: dict, prefix: str, batch: Batch, state: torch.Tensor, *,
+              num_heads: int, key_dim: int, value_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Linear recurrence over a tree of new tokens.
+
+    x: [bs, q, H] normed input; state: [rows, nr, dk, dv] committed states.
+    Returns the mixer output [bs, q, H] and the state after every new token
+    [bs, q, nr, dk, dv] (the intermediate states a verify keeps for the commit).
+    """
+    bs, q, _ = x.shape
+    qv = (x @ w[f"{prefix}.wq"]).view(bs, q, num_heads, key_dim)
+    kv = (x @ w[f"{prefix}.wk"]).view(bs, q, num_heads, key_dim) / math.sqrt(key_dim)
+    vv = (x @ w[f"{prefix}.wv"]).view(bs, q, num_heads, value_dim)
+    gate = torch.sigmoid(x @ w[f"{prefix}.wa"] + w[f"{prefix}.ba"])        # [bs, q, nr]
+    start = state[batch.rows].to(x.dtype)                                  # [bs, nr, dk, dv]
+    inter = x.new_zeros((bs, q, num_heads, key_dim, value_dim))            # state after each token
+    ar = torch.arange(bs, device=x.device)
+    for j in range(q):   # tokens in topological order: a parent precedes its children
+        parent = batch.parents[:, j]
+        prev = torch.where((parent >= 0)[:, None, None, None], inter[ar, parent.clamp(min=0)], start)
+        inter[:, j] = gate[:, j, :, None, None] * prev + kv[:, j, :, :, None] * vv[:, j, :, None, :]
+    y = torch.einsum("bqrk,bqrkv->bqrv", qv, inter).reshape(bs, q, num_heads * value_dim)
+    return y @ w[f"{prefix}.wo"], inter

@@ -1,0 +1,100 @@
+"""The tiny decoder-only target LM with a paged KV cache (docs/semantics.md section 1).
+
+One `forward` serves prefill / extend (a chain of new tokens), decode (one new token) and verify
+(a tree of new tokens with an arbitrary ancestor mask). Logits come out in the configured logits
+dtype; FP8 logits are quantized with the model's static or per-row scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specverify import dtypes
+from specverify.models import layers
+from specverify.models.config import ModelConfig
+from specverify.models.kv_cache import KVBuffers, SlotTable, StateBuffers
+
+
+@dataclasses.dataclass
+class ModelCache:
+    """Everything a decode keeps between forwards: the slot table and the per-model buffers."""
+    table: SlotTable
+    kv: KVBuffers                  # target attention layers
+    states: StateBuffers           # target recurrent layers (empty list when not hybrid)
+    draft_kv: KVBuffers | None     # the draft head's single attention layer
+
+
+@dataclasses.dataclass
+class ForwardOutput:
+    logits: torch.Tensor           # [bs, q, V] in the logits dtype
+    scale: torch.Tensor            # [bs, q, 1] float32 dequantization scale (ones unless FP8)
+    hidden: torch.Tensor           # [bs, q, H] final hidden state before the final norm
+    rec_states: list[torch.Tensor]  # per recurrent layer: [bs, q, nr, dk, dv] state after each token
+
+
+def deliver_logits(logits: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compute-dtype logits -> (logits in cfg.logits_dtype, float32 scale [..., 1])."""
+    return dtypes.to_logits_dtype(logits, cfg.logits_dtype, scale_mode=cfg.logits_scale_mode,
+                                  static_scale=cfg.logits_scale)
+
+
+class TargetModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device="cpu"):
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtypes.dtype_info(config.compute_dtype).torch_dtype
+        self.w = {k: v.to(device=self.device, dtype=self.dtype) for k, v in weights.items()}
+        self.attn_layers = [i for i, k in enumerate(config.layer_kinds) if k == "attention"]
+        self.rec_layers = [i for i, k in enumerate(config.layer_kinds) if k == "recurrent"]
+
+    def new_cache(self, *, max_requests: int, page_size: int = 1, num_pages: int | None = None,
+                  with_draft: bool = True) -> ModelCache:
+        cfg = self.config
+        if num_pages is None:
+            num_pages = 1 + max_requests * (-(-cfg.max_context // page_size))
+        table = SlotTable(max_requests=max_requests, max_context=cfg.max_context, num_pages=num_pages,
+                          page_size=page_size, device=self.device)
+
+        def kv(n):
+            return KVBuffers(num_layers=n, num_slots=table.num_slots, num_kv_heads=cfg.num_kv_heads,
+                             head_dim=cfg.head_dim, dtype=self.dtype, device=self.device)
+
+        states = StateBuffers(num_layers=len(self.rec_layers), max_requests=max_requests,
+                              state_shape=(cfg.num_rec_heads, cfg.rec_key_dim, cfg.rec_value_dim),
+                              dtype=self.dtype, device=self.device)
+        return ModelCache(table, kv(len(self.attn_layers)), states, kv(1) if with_draft else None)
+
+    def forward(self, cache: ModelCache, batch: layers.Batch, *, commit_state: bool = True) -> ForwardOutput:
+        """Run the new tokens of `batch`; their K/V land in the cache at kv_lens + j.
+
+        commit_state: write each request's recurrent state after its last live token back to the
+        cache (prefill / decode). A verify passes False and commits accepted states itself.
+        """
+        cfg, w = self.config, self.w
+        h = w["embed"][batch.input_ids]                                    # [bs, q, H]
+        rec_states = []
+        for i, kind in enumerate(cfg.layer_kinds):
+            p = f"layers.{i}"
+            n = layers.rmsnorm(h, w[f"{p}.attn_norm"], cfg.norm_eps)
+            if kind == "attention":
+                a = self.attn_layers.index(i)
+                mixed = layers.attention(n, w, p, batch, cache.kv.k[a], cache.kv.v[a], cache.table.req_to_token,
+                                         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                                         head_dim=cfg.head_dim, theta=cfg.rope_theta)
+            else:
+                r = self.rec_layers.index(i)
+                mixed, inter = layers.recurrent(n, w, p, batch, cache.states.state[r],
+                                                num_heads=cfg.num_rec_heads, key_dim=cfg.rec_key_dim,
+                                                value_dim=cfg.rec_value_dim)
+                rec_states.append(inter)
+                if commit_state:
+                    last = (batch.q_lens - 1).clamp(min=0)
+                    ar = torch.arange(inter.shape[0], device=inter.device)
+                    cache.states.state[r][batch.rows] = inter[ar, last].to(cache.states.state[r].dtype)
+            h = h + mixed
+            h = h + layers.swiglu_mlp(h, w, p, cfg.norm_eps)
+        logits = layers.rmsnorm(h, w["final_norm"], cfg.norm_eps) @ w["lm_head"]
+        values, scale = deliver_logits(logits, cfg)
+        return ForwardOutput(values, scale, h, rec_states)

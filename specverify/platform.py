@@ -1,0 +1,98 @@
+"""Platform profiles: which device runs, and which policies hold there.
+
+A profile is data. Native profiles describe the machine we are on (`cpu`, `cuda`, `rocm`);
+emulated profiles (`cuda-emulated`, `rocm-emulated`) run on the CPU but carry another platform's
+policies (its FP8 formats, whether the topk==1 argmax fast path is allowed), so ROCm-class
+behaviour is exercised where no ROCm device exists. Every platform predicate of the package lives
+in this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+ENV_VAR = "SPECVERIFY_PLATFORM"
+
+CUDA_FP8 = ("float8_e4m3fn", "float8_e5m2")
+ROCM_FP8 = ("float8_e4m3fnuz", "float8_e5m2fnuz")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformProfile:
+    name: str                    # profile name, e.g. "rocm-emulated"
+    policy: str                  # whose policies apply: "cpu" | "cuda" | "rocm"
+    device: str                  # torch device type the tensors live on: "cpu" | "cuda"
+    native: bool                 # True when the policies' platform is the machine itself
+    fp8_formats: tuple[str, ...]  # FP8 logits dtypes this platform serves
+    argmax_fast_path: bool       # topk==1 may skip softmax and take argmax of the logits
+    cuda_graphs: bool            # CUDA-graph capture and replay exist here
+    triton_interpreted: bool     # Triton kernels run under TRITON_INTERPRET=1
+
+    def supports_fp8(self, dtype_name: str) -> bool:
+        return dtype_name in self.fp8_formats
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def native_platform() -> str:
+    """The platform of this machine: "rocm" (a HIP build with a device), "cuda", or "cpu"."""
+    if torch.cuda.is_available():
+        return "rocm" if torch.version.hip else "cuda"
+    return "cpu"
+
+
+def _profiles(native: str) -> dict[str, PlatformProfile]:
+    gpu = native in ("cuda", "rocm")
+    profiles = {
+        # The CPU is the neutral host: every FP8 format can be cast there, argmax is first-index.
+        "cpu": PlatformProfile("cpu", "cpu", "cpu", native == "cpu", CUDA_FP8 + ROCM_FP8,
+                               argmax_fast_path=True, cuda_graphs=False, triton_interpreted=not gpu),
+        "cuda-emulated": PlatformProfile("cuda-emulated", "cuda", "cpu", False, CUDA_FP8,
+                                         argmax_fast_path=True, cuda_graphs=False,
+                                         triton_interpreted=not gpu),
+        # ROCm keeps the softmax path for topk==1 (the FP8 tie-break regression of the seeds).
+        "rocm-emulated": PlatformProfile("rocm-emulated", "rocm", "cpu", False, ROCM_FP8,
+                                         argmax_fast_path=False, cuda_graphs=False,
+                                         triton_interpreted=not gpu),
+    }
+    if native == "cuda":
+        profiles["cuda"] = PlatformProfile("cuda", "cuda", "cuda", True, CUDA_FP8,
+                                           argmax_fast_path=True, cuda_graphs=True,
+                                           triton_interpreted=False)
+    if native == "rocm":
+        profiles["rocm"] = PlatformProfile("rocm", "rocm", "cuda", True, ROCM_FP8,
+                                           argmax_fast_path=False, cuda_graphs=True,
+                                           triton_interpreted=False)
+    return profiles
+
+
+ALL_PROFILE_NAMES = ("cpu", "cuda", "rocm", "cuda-emulated", "rocm-emulated")
+
+
+def available_profiles() -> dict[str, PlatformProfile]:
+    """Every profile that can run on this machine, by name."""
+    return _profiles(native_platform())
+
+
+def get_profile(name: str | None = None) -> PlatformProfile:
+    """The profile called `name`, else the one `SPECVERIFY_PLATFORM` names, else the native one."""
+    if name is None:
+        name = os.environ.get(ENV_VAR) or native_platform()
+    if name not in ALL_PROFILE_NAMES:
+        raise ValueError(f"platform profile {name!r} is unknown; expected one of {ALL_PROFILE_NAMES}")
+    profiles = available_profiles()
+    if name not in profiles:
+        raise RuntimeError(f"platform profile {name!r} needs a {name} device, and this machine is "
+                           f"{native_platform()!r}; emulate it with {name}-emulated")
+    return profiles[name]
+
+
+def resolve(platform: PlatformProfile | str | None) -> PlatformProfile:
+    """Accept a profile, a profile name, or None (the default profile)."""
+    if isinstance(platform, PlatformProfile):
+        return platform
+    return get_profile(platform)

@@ -1,0 +1,1 @@
+"""Shared test infrastructure: assertion helpers, case builders, strategies."""

@@ -1,0 +1,147 @@
+"""specverify.platform: native detection, SPECVERIFY_PLATFORM, and each profile's policies.
+
+The machine is faked with monkeypatch (torch.cuda.is_available, torch.version.hip), so every
+test asserts the same thing on a CPU box, a CUDA box and a ROCm box.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specverify import platform as P
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """machine("cpu" | "cuda" | "rocm"): make this process see that machine."""
+    def fake(kind: str) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: kind != "cpu")
+        monkeypatch.setattr(torch.version, "hip", "6.2.0" if kind == "rocm" else None)
+        monkeypatch.delenv(P.ENV_VAR, raising=False)
+    return fake
+
+
+def test_native_detection_here_is_cpu():
+    """This test box has no GPU; the unfaked detection must say so."""
+    assert torch.cuda.is_available() is False
+    assert P.native_platform() == "cpu"
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cuda", "rocm"])
+def test_native_detection(machine, kind):
+    machine(kind)
+    assert P.native_platform() == kind
+    profile = P.get_profile()
+    assert profile.name == kind and profile.native
+
+
+def test_env_var_picks_the_profile(machine, monkeypatch):
+    machine("cpu")
+    for name in ("rocm-emulated", "cuda-emulated", "cpu"):
+        monkeypatch.setenv(P.ENV_VAR, name)
+        assert P.get_profile().name == name
+        assert P.resolve(None).name == name
+    monkeypatch.setenv(P.ENV_VAR, "rocm-emulated")
+    assert P.get_profile("cuda-emulated").name == "cuda-emulated", "an explicit name wins"
+    monkeypatch.setenv(P.ENV_VAR, "")
+    assert P.get_profile().name == "cpu", "an empty variable means native"
+
+
+@pytest.mark.parametrize("name", ["gpu", "CUDA", "rocm_emulated", "tpu"])
+def test_unknown_profile(machine, monkeypatch, name):
+    machine("cpu")
+    with pytest.raises(ValueError, match="unknown") as e:
+        P.get_profile(name)
+    assert repr(name) in str(e.value) and "rocm-emulated" in str(e.value)
+    monkeypatch.setenv(P.ENV_VAR, name)
+    with pytest.raises(ValueError, match="unknown"):
+        P.get_profile()
+
+
+@pytest.mark.parametrize("native,missing", [("cpu", "cuda"), ("cpu", "rocm"),
+                                            ("cuda", "rocm"), ("rocm", "cuda")])
+def test_gpu_profile_without_its_device(machine, monkeypatch, native, missing):
+    machine(native)
+    with pytest.raises(RuntimeError, match=f"{missing}-emulated") as e:
+        P.get_profile(missing)
+    assert repr(native) in str(e.value)
+    monkeypatch.setenv(P.ENV_VAR, missing)
+    with pytest.raises(RuntimeError, match=missing):
+        P.get_profile()
+
+
+def test_available_profiles_per_machine(machine):
+    emulated = {"cpu", "cuda-emulated", "rocm-emulated"}
+    for native, extra in (("cpu", set()), ("cuda", {"cuda"}), ("rocm", {"rocm"})):
+        machine(native)
+        assert set(P.available_profiles()) == emulated | extra
+        assert set(P.available_profiles()) <= set(P.ALL_PROFILE_NAMES)
+
+
+def test_rocm_emulated_policies(machine):
+    machine("cpu")
+    p = P.get_profile("rocm-emulated")
+    assert (p.policy, p.device, p.native) == ("rocm", "cpu", False)
+    assert p.fp8_formats == ("float8_e4m3fnuz", "float8_e5m2fnuz")
+    assert p.argmax_fast_path is False and p.cuda_graphs is False
+    assert p.supports_fp8("float8_e4m3fnuz") and not p.supports_fp8("float8_e4m3fn")
+    assert str(p) == "rocm-emulated"
+
+
+def test_cuda_emulated_policies(machine):
+    machine("cpu")
+    p = P.get_profile("cuda-emulated")
+    assert (p.policy, p.device, p.native) == ("cuda", "cpu", False)
+    assert p.fp8_formats == ("float8_e4m3fn", "float8_e5m2")
+    assert p.argmax_fast_path is True and p.cuda_graphs is False
+    assert p.supports_fp8("float8_e5m2") and not p.supports_fp8("float8_e5m2fnuz")
+
+
+def test_cpu_profile_policies(machine):
+    machine("cpu")
+    p = P.get_profile("cpu")
+    assert (p.policy, p.device, p.native) == ("cpu", "cpu", True)
+    assert set(p.fp8_formats) == {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"}
+    assert p.argmax_fast_path is True and p.cuda_graphs is False
+    assert all(q.triton_interpreted for q in P.available_profiles().values()), \
+        "without a GPU every profile runs Triton under the interpreter"
+
+
+@pytest.mark.parametrize("native", ["cuda", "rocm"])
+def test_native_gpu_profiles(machine, native):
+    machine(native)
+    p = P.get_profile(native)
+    assert (p.policy, p.device, p.native) == (native, "cuda", True)
+    assert p.cuda_graphs and not p.triton_interpreted
+    assert p.argmax_fast_path is (native == "cuda")
+    assert p.fp8_formats == (P.CUDA_FP8 if native == "cuda" else P.ROCM_FP8)
+    assert P.get_profile("cpu").native is False
+    for name in ("cuda-emulated", "rocm-emulated"):
+        assert P.get_profile(name).device == "cpu"
+
+
+def test_emulated_profiles_share_policies_with_native(machine):
+    """An emulated profile differs from the native one only in device, native and runtime flags."""
+    for native in ("cuda", "rocm"):
+        machine(native)
+        real, emu = P.get_profile(native), P.get_profile(f"{native}-emulated")
+        assert (real.policy, real.fp8_formats, real.argmax_fast_path) == \
+            (emu.policy, emu.fp8_formats, emu.argmax_fast_path)
+
+
+def test_resolve(machine):
+    machine("cpu")
+    p = P.get_profile("rocm-emulated")
+    assert P.resolve(p) is p
+    assert P.resolve("cuda-emulated").name == "cuda-emulated"
+    assert P.resolve(None).name == "cpu"
+    with pytest.raises(ValueError):
+        P.resolve("nope")
+
+
+def test_profiles_are_frozen(machine):
+    machine("cpu")
+    p = P.get_profile("cpu")
+    with pytest.raises(AttributeError):
+        p.argmax_fast_path = False  # type: ignore[misc]
