@@ -20,6 +20,8 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 from specverify.platform import ENV_VAR, get_profile, native_platform  # noqa: E402
 
+pytest_plugins = ["pytester"]
+
 MARKERS = {
     "cuda": "needs a native CUDA device",
     "rocm": "needs a native ROCm device",

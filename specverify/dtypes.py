@@ -138,7 +138,7 @@ def quantize_fp8(x: torch.Tensor, dtype: str | torch.dtype, scale) -> torch.Tens
     info = _fp8_info(dtype, "dtype")
     _check_float_tensor(x, "x")
     s = _scale_tensor(scale, x)
-    y = x.to(torch.float32) / s                                  # [...] float32
+    y = x.to(torch.float32) * (1 / s)                                  # [...] float32
     y = torch.clamp(y, -info.max_finite, info.max_finite)        # saturate; NaN passes through
     if not info.has_negative_zero:
         y = torch.where(y == 0, torch.zeros_like(y), y)          # -0 -> +0

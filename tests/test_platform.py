@@ -28,7 +28,9 @@ def test_native_detection_here_is_cpu():
     assert P.native_platform() == "cpu"
 
 
-@pytest.mark.parametrize("kind", ["cpu", "cuda", "rocm"])
+# Parameter ids spell "machine=cuda", not bare "cuda": a bare id equal to a platform marker's name
+# would read as that marker to a keyword-based skip.
+@pytest.mark.parametrize("kind", ["cpu", "cuda", "rocm"], ids=lambda k: f"machine={k}")
 def test_native_detection(machine, kind):
     machine(kind)
     assert P.native_platform() == kind
@@ -48,7 +50,7 @@ def test_env_var_picks_the_profile(machine, monkeypatch):
     assert P.get_profile().name == "cpu", "an empty variable means native"
 
 
-@pytest.mark.parametrize("name", ["gpu", "CUDA", "rocm_emulated", "tpu"])
+@pytest.mark.parametrize("name", ["gpu", "CUDA", "rocm_emulated", "tpu"], ids=lambda n: f"name={n}")
 def test_unknown_profile(machine, monkeypatch, name):
     machine("cpu")
     with pytest.raises(ValueError, match="unknown") as e:
@@ -108,7 +110,7 @@ def test_cpu_profile_policies(machine):
         "without a GPU every profile runs Triton under the interpreter"
 
 
-@pytest.mark.parametrize("native", ["cuda", "rocm"])
+@pytest.mark.parametrize("native", ["cuda", "rocm"], ids=lambda k: f"machine={k}")
 def test_native_gpu_profiles(machine, native):
     machine(native)
     p = P.get_profile(native)
