@@ -85,9 +85,9 @@ def pytest_collection_modifyitems(config, items):
     run_slow = config.getoption("--run-slow") or os.environ.get("SPECVERIFY_RUN_SLOW") == "1"
     for item in items:
         for marker, platforms in PLATFORM_MARKERS.items():
-            if marker in item.keywords and native not in platforms:
+            if item.get_closest_marker(marker) and native not in platforms:
                 item.add_marker(pytest.mark.skip(reason=f"{marker}-marked: this machine is {native}"))
-        if "slow" in item.keywords and not run_slow:
+        if item.get_closest_marker("slow") and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow: pass --run-slow or SPECVERIFY_RUN_SLOW=1"))
 
 

@@ -29,7 +29,7 @@ class PlatformProfile:
     fp8_formats: tuple[str, ...]  # FP8 logits dtypes this platform serves
     argmax_fast_path: bool       # topk==1 may skip softmax and take argmax of the logits
     cuda_graphs: bool            # CUDA-graph capture and replay exist here
-    triton_interpreted: bool     # Triton kernels run under TRITON_INTERPRET=1
+    triton_interpreted: bool     # Triton kernels run under TRITON_INTERPRET=1 (always on CPU tensors)
 
     def supports_fp8(self, dtype_name: str) -> bool:
         return dtype_name in self.fp8_formats
@@ -46,18 +46,17 @@ def native_platform() -> str:
 
 
 def _profiles(native: str) -> dict[str, PlatformProfile]:
-    gpu = native in ("cuda", "rocm")
     profiles = {
         # The CPU is the neutral host: every FP8 format can be cast there, argmax is first-index.
         "cpu": PlatformProfile("cpu", "cpu", "cpu", native == "cpu", CUDA_FP8 + ROCM_FP8,
-                               argmax_fast_path=True, cuda_graphs=False, triton_interpreted=not gpu),
+                               argmax_fast_path=True, cuda_graphs=False, triton_interpreted=True),
         "cuda-emulated": PlatformProfile("cuda-emulated", "cuda", "cpu", False, CUDA_FP8,
                                          argmax_fast_path=True, cuda_graphs=False,
-                                         triton_interpreted=not gpu),
+                                         triton_interpreted=True),
         # ROCm keeps the softmax path for topk==1 (the FP8 tie-break regression of the seeds).
         "rocm-emulated": PlatformProfile("rocm-emulated", "rocm", "cpu", False, ROCM_FP8,
                                          argmax_fast_path=False, cuda_graphs=False,
-                                         triton_interpreted=not gpu),
+                                         triton_interpreted=True),
     }
     if native == "cuda":
         profiles["cuda"] = PlatformProfile("cuda", "cuda", "cuda", True, CUDA_FP8,

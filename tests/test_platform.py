@@ -120,7 +120,9 @@ def test_native_gpu_profiles(machine, native):
     assert p.fp8_formats == (P.CUDA_FP8 if native == "cuda" else P.ROCM_FP8)
     assert P.get_profile("cpu").native is False
     for name in ("cuda-emulated", "rocm-emulated"):
-        assert P.get_profile(name).device == "cpu"
+        emulated = P.get_profile(name)
+        assert emulated.device == "cpu"
+        assert emulated.triton_interpreted, "CPU tensors can only run Triton under the interpreter"
 
 
 def test_emulated_profiles_share_policies_with_native(machine):
