@@ -118,3 +118,11 @@ def test_models_are_deterministic_from_seed():
     assert not torch.equal(a.target_weights["embed"], c.target_weights["embed"])
     assert set(a.target_weights) == set(c.target_weights)
     assert dtypes.dtype_info(a.config.compute_dtype).torch_dtype == a.target.w["embed"].dtype
+
+
+def test_presets_have_the_promised_sizes():
+    from specverify.models import preset_config
+    tiny, small = preset_config("tiny"), preset_config("small", hybrid=True)
+    assert tiny.vocab_size % 64 != 0, "tiny's vocab is deliberately not a multiple of a kernel block"
+    assert small.vocab_size >= 32000 and small.num_layers >= 8
+    assert small.layer_kinds.count("recurrent") == 4 and small.is_hybrid and not tiny.is_hybrid
