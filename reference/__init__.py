@@ -6,28 +6,49 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 - `forward` / `forward_logits` / `tree_node_logits`: the cache-free target model (section 1);
 - `convert_logits` / `greedy_token`: logits dtypes, FP8 included, and the tie rule (sections 2-3);
 - `filtered_probs` / `draw` / `sample_token` / `uniform_stream`: sampling (section 4);
-- `generate`: target-only generation (section 5), the output every decoder must reproduce.
+- `generate`: target-only generation (section 5), the output every decoder must reproduce;
+- `select_draft_topk` / `topk_order` / `build_tree` / `greedy_verify` / `stochastic_verify`:
+  the speculative ops (section 6), and `first_token_distribution` / `emitted_path_probability`,
+  the exact law of stochastic verify's output.
 """
 
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
 from reference.logits import ConvertedLogits, convert_logits, greedy_token, row_scale
 from reference.model import forward, forward_logits, tree_node_logits
 from reference.sampling import draw, filtered_probs, sample_token, uniform_stream
+from reference.spec import (
+    RefTree,
+    build_tree,
+    emitted_path_probability,
+    first_token_distribution,
+    greedy_verify,
+    select_draft_topk,
+    stochastic_verify,
+    topk_order,
+)
 
 __all__ = [
     "ConvertedLogits",
+    "RefTree",
     "ReferenceOutput",
     "TokenLogprob",
+    "build_tree",
     "convert_logits",
     "draw",
+    "emitted_path_probability",
     "filtered_probs",
+    "first_token_distribution",
     "forward",
     "forward_logits",
     "generate",
     "greedy_token",
+    "greedy_verify",
     "logprob_record",
     "row_scale",
     "sample_token",
+    "select_draft_topk",
+    "stochastic_verify",
+    "topk_order",
     "tree_node_logits",
     "uniform_stream",
 ]

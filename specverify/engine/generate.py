@@ -63,8 +63,8 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens, vocab_size: 
     return [int(n) for n in budgets]
 
 
-def new_requests(prompts, budgets: list[int], seed: int) -> list[Request]:
-    return [Request(i, [int(t) for t in p], n, uniform_stream(seed, i, n))
+def new_requests(prompts, budgets: list[int], seed: int, cls=None) -> list[Request]:
+    return [(cls or Request)(i, [int(t) for t in p], n, uniform_stream(seed, i, n))
             for i, (p, n) in enumerate(zip(prompts, budgets))]
 
 
@@ -97,7 +97,7 @@ def run_extend(models: Models, cache: ModelCache, reqs: list[Request], token_lis
     return out.logits[ar, last], out.scale[ar, last]
 
 
-def emit(reqs: list[Request], logits: torch.Tensor, scale: torch.Tensor, params: SamplingParams,
+def emit_tokens(reqs: list[Request], logits: torch.Tensor, scale: torch.Tensor, params: SamplingParams,
          eos_token_id: int | None, num_logprobs: int) -> None:
     """Choose one token per request from its logits row and record it."""
     u = torch.stack([r.uniforms[len(r.output)] for r in reqs])
@@ -116,11 +116,11 @@ def generate_target_only(models: Models, reqs: list[Request], params: SamplingPa
     for r in reqs:
         r.row = cache.table.alloc_row()
     logits, scale = run_extend(models, cache, reqs, [r.prompt for r in reqs])
-    emit(reqs, logits, scale, params, eos_token_id, num_logprobs)
+    emit_tokens(reqs, logits, scale, params, eos_token_id, num_logprobs)
     running = [r for r in reqs if not _retire(cache, r)]
     while running:
         logits, scale = run_extend(models, cache, running, [[r.last_token] for r in running])
-        emit(running, logits, scale, params, eos_token_id, num_logprobs)
+        emit_tokens(running, logits, scale, params, eos_token_id, num_logprobs)
         running = [r for r in running if not _retire(cache, r)]
 
 
@@ -133,11 +133,14 @@ def _retire(cache: ModelCache, r: Request) -> bool:
 def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max_new_tokens,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              seed: int = 0, eos_token_id: int | None = None, logprobs: int = 0,
-             page_size: int = 1) -> GenerationOutput:
+             page_size: int = 1, platform=None) -> GenerationOutput:
     """Decode `prompts` with the optimized decoder.
 
     spec=None: cached target-only decoding (greedy when temperature == 0, else seeded sampling
-    with the uniform stream of docs/semantics.md). logprobs=N > 0 records, per emitted token, its
+    with the uniform stream of docs/semantics.md); page_size sets its KV page size.
+    spec=SpecConfig(...): speculative decoding (the page size is spec.page_size); the output
+    carries per-request accept lengths. platform: the profile whose policies apply (default:
+    SPECVERIFY_PLATFORM or the native one). logprobs=N > 0 records, per emitted token, its
     logprob, rank and the N best alternatives.
     """
     cfg = models.config
@@ -150,7 +153,9 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     if spec is not None:
-        raise NotImplementedError("speculative decoding (spec=...) is not part of this build yet")
+        from specverify.engine.speculative import generate_speculative
+        return generate_speculative(models, prompts, budgets, spec, params, seed=seed, eos_token_id=eos_token_id,
+                                    num_logprobs=logprobs, platform=platform)
     reqs = new_requests(prompts, budgets, seed)
     generate_target_only(models, reqs, params, eos_token_id=eos_token_id, num_logprobs=logprobs,
                          page_size=page_size)

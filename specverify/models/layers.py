@@ -42,11 +42,13 @@ class Batch:
     input_ids: torch.Tensor     # [bs, q] int64 (padding: any valid id)
     positions: torch.Tensor     # [bs, q] int64 RoPE positions
     rows: torch.Tensor          # [bs] int64 request rows of the slot table
-    kv_lens: torch.Tensor       # [bs] int64 cache entries already written before this forward
+    kv_lens: torch.Tensor       # [bs] int64 prefix: cache entries every query sees
     q_lens: torch.Tensor        # [bs] int64 live query tokens
-    tree_mask: torch.Tensor     # [bs, q, q] bool: query j sees new token j' (causal for a chain)
+    tree_mask: torch.Tensor     # [bs, q, R] bool: query j sees region entry r (R = region + q)
     parents: torch.Tensor       # [bs, q] int64 index of each token's parent in the batch, -1 = prefix
-    max_kv: int                 # upper bound of kv_lens + q_lens (fixed per graph bucket)
+    max_kv: int                 # upper bound of kv_lens + region + q_lens (fixed per graph bucket)
+    region: int = 0             # entries after the prefix written by earlier forwards (a draft
+                                # tree's earlier steps); new tokens go to kv_lens + region + j
 
     @property
     def live(self) -> torch.Tensor:
@@ -57,7 +59,7 @@ class Batch:
     def new_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
         """[bs, q] token slots the new tokens write to; padding lanes write to the sink."""
         q = self.input_ids.shape[1]
-        idx = self.kv_lens[:, None] + torch.arange(q, device=self.input_ids.device)[None, :]
+        idx = self.kv_lens[:, None] + self.region + torch.arange(q, device=self.input_ids.device)[None, :]
         idx = idx.clamp(max=req_to_token.shape[1] - 1)
         slots = req_to_token[self.rows[:, None], idx]
         return torch.where(self.live, slots, torch.full_like(slots, SINK_SLOT))
@@ -65,12 +67,12 @@ class Batch:
     def visibility(self) -> torch.Tensor:
         """[bs, q, max_kv] bool: may query j attend to cache index t."""
         dev = self.input_ids.device
-        q = self.input_ids.shape[1]
+        q, r = self.input_ids.shape[1], self.tree_mask.shape[2]
         t = torch.arange(self.max_kv, device=dev)[None, :]
         rel = t - self.kv_lens[:, None]                                     # [bs, T]
         in_prefix = rel < 0
-        in_new = (rel >= 0) & (rel < self.q_lens[:, None])
-        idx = rel.clamp(0, q - 1)[:, None, :].expand(-1, q, -1)             # [bs, q, T]
+        in_new = (rel >= 0) & (rel < self.region + self.q_lens[:, None])
+        idx = rel.clamp(0, r - 1)[:, None, :].expand(-1, q, -1)             # [bs, q, T]
         tree = torch.gather(self.tree_mask, 2, idx)
         seen = in_prefix[:, None, :] | (in_new[:, None, :] & tree)
         # Padded queries look at index 0 only, so their softmax never sees an empty row.

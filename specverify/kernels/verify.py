@@ -1,0 +1,228 @@
+"""Tree verification (docs/semantics.md sections 6.3 and 6.4).
+
+Greedy verify has a Triton kernel (one program per request walking the linked tree) and a torch
+fallback vectorized over the batch (one step per depth, using the parents array: children in
+sibling order are the children in ascending node order). Stochastic verify is torch in float64,
+vectorized over the batch, one pass over the nodes in ascending order: a node's children all
+come after it (build_tree guarantees parent < child), so a single pass sees every child of the
+current node after the walk reaches it, in sibling order.
+
+All three outputs are node indices / counts / token ids in int64:
+    accept_nodes [bs, S+1]  node indices of the accepted path, root (0) first, padded with -1
+    num_correct  [bs]       n, the accepted draft nodes
+    bonus        [bs]       the token emitted after them
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specverify import dtypes
+from specverify.kernels.tree import DraftTree, _block, _capturing, _check_launchable, _check_tensor, _pick_impl
+
+
+def target_predict(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy token of every node: first maximal index of the float32 upcast.
+
+    logits: [bs, D, V] any registry dtype (FP8: the fp8 values, before the positive scale) -> [bs, D] int64.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        raise ValueError(f"logits must be a 3-D tensor [bs, D, V], got "
+                         f"{list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    dtypes.dtype_info(logits.dtype)                     # a registry dtype, else ValueError
+    if logits.shape[-1] == 0:
+        raise ValueError("logits must have a non-empty vocabulary dimension")
+    return torch.argmax(logits.float(), dim=-1)
+
+
+def _validate_tree(tree: DraftTree, num_steps: int) -> None:
+    if not isinstance(tree, DraftTree):
+        raise ValueError(f"tree must be a DraftTree, got {type(tree).__name__}")
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
+    if not isinstance(tree.tokens, torch.Tensor) or tree.tokens.dim() != 2:
+        raise ValueError("tree.tokens must be a 2-D tensor [bs, D]")
+    bs, d = tree.tokens.shape
+    device = tree.tokens.device
+    for name in ("tokens", "parents", "first_child", "next_sibling"):
+        _check_tensor(f"tree.{name}", getattr(tree, name), (bs, d), torch.int64, device)
+    if d < 1:
+        raise ValueError("tree must hold at least the root (D >= 1)")
+
+
+def _empty_outputs(bs: int, num_steps: int, device: torch.device):
+    return (torch.empty((bs, num_steps + 1), dtype=torch.int64, device=device),
+            torch.empty((bs,), dtype=torch.int64, device=device),
+            torch.empty((bs,), dtype=torch.int64, device=device))
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy verify
+
+
+@triton.jit
+def _verify_greedy_kernel(
+    tokens_ptr, first_child_ptr, next_sibling_ptr, predict_ptr,
+    accept_ptr, num_correct_ptr, bonus_ptr,
+    num_draft, num_steps,
+    stride_tok0, stride_tok1, stride_fc0, stride_fc1, stride_ns0, stride_ns1, stride_tp0, stride_tp1,
+    stride_acc0, stride_acc1, stride_nc0, stride_bon0,
+    BLOCK_W: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    w = tl.arange(0, BLOCK_W)
+    accepted = tl.where(w == 0, 0, -1).to(tl.int64)    # the path so far, root first
+
+    target = tl.load(predict_ptr + b * stride_tp0)      # target_predict at the current node
+    child = tl.load(first_child_ptr + b * stride_fc0)   # the child being tried
+    cur = child * 0                                     # the current node (int64 0: the root)
+    n = 0
+    hops = 0                                            # every hop raises the node index: < D hops
+    while (child >= 0) & (child < num_draft) & (n < num_steps) & (hops < num_draft):
+        in_row = (child >= 0) & (child < num_draft)
+        tok = tl.load(tokens_ptr + b * stride_tok0 + child * stride_tok1, mask=in_row, other=-1)
+        down = tl.load(first_child_ptr + b * stride_fc0 + child * stride_fc1, mask=in_row, other=-1)
+        side = tl.load(next_sibling_ptr + b * stride_ns0 + child * stride_ns1, mask=in_row, other=-1)
+        hit = tok == target
+        n = n + hit.to(tl.int32)
+        accepted = tl.where(hit & (w == n), child, accepted)
+        cur = tl.where(hit, child, cur)
+        target = tl.load(predict_ptr + b * stride_tp0 + cur * stride_tp1)
+        child = tl.where(hit, down, side)
+        hops = hops + 1
+
+    tl.store(accept_ptr + b * stride_acc0 + w * stride_acc1, accepted, mask=w < num_steps + 1)
+    tl.store(num_correct_ptr + b * stride_nc0, n.to(tl.int64))
+    tl.store(bonus_ptr + b * stride_bon0, target)
+
+
+def _verify_greedy_triton(tree: DraftTree, predict: torch.Tensor, num_steps: int):
+    bs, d = tree.tokens.shape
+    device = tree.tokens.device
+    _check_launchable(_verify_greedy_kernel, device)
+    accept, num_correct, bonus = _empty_outputs(bs, num_steps, device)
+    if bs == 0:
+        return accept, num_correct, bonus
+    _verify_greedy_kernel[(bs,)](
+        tree.tokens, tree.first_child, tree.next_sibling, predict,
+        accept, num_correct, bonus,
+        d, num_steps,
+        tree.tokens.stride(0), tree.tokens.stride(1), tree.first_child.stride(0), tree.first_child.stride(1),
+        tree.next_sibling.stride(0), tree.next_sibling.stride(1), predict.stride(0), predict.stride(1),
+        accept.stride(0), accept.stride(1), num_correct.stride(0), bonus.stride(0),
+        BLOCK_W=_block(num_steps + 1), num_warps=1,
+    )
+    return accept, num_correct, bonus
+
+
+def _verify_greedy_torch(tree: DraftTree, predict: torch.Tensor, num_steps: int):
+    bs, d = tree.tokens.shape
+    device = tree.tokens.device
+    node = torch.arange(d, device=device)
+    parents = tree.parents
+    # Node m matches when its token is the target's prediction at its parent.
+    matches = (parents >= 0) & (tree.tokens == predict.gather(1, parents.clamp(min=0)))
+    cur = torch.zeros(bs, dtype=torch.int64, device=device)
+    alive = torch.ones(bs, dtype=torch.bool, device=device)
+    columns = [cur]
+    for _ in range(num_steps):
+        hit = (parents == cur[:, None]) & matches & alive[:, None]
+        nxt = torch.where(hit, node, d).amin(-1)
+        alive = alive & (nxt < d)
+        columns.append(torch.where(alive, nxt, -1))
+        cur = torch.where(alive, nxt, cur)
+    accept = torch.stack(columns, dim=1)
+    num_correct = (accept[:, 1:] >= 0).sum(-1)
+    bonus = predict.gather(1, cur[:, None])[:, 0]
+    return accept, num_correct, bonus
+
+
+def verify_greedy(tree: DraftTree, target_predict: torch.Tensor, *, num_steps: int,
+                  impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Section 6.3: accept the first child (sibling order) whose token is the target's prediction.
+
+    tree: DraftTree with D nodes; target_predict: [bs, D] int64 greedy token of every node.
+    Returns (accept_nodes [bs, S+1] int64 padded with -1, num_correct [bs] int64, bonus [bs] int64).
+    """
+    _validate_tree(tree, num_steps)
+    _check_tensor("target_predict", target_predict, tuple(tree.tokens.shape), torch.int64, tree.device)
+    if _pick_impl(impl, tree.device) == "triton":
+        return _verify_greedy_triton(tree, target_predict, num_steps)
+    return _verify_greedy_torch(tree, target_predict, num_steps)
+
+
+# --------------------------------------------------------------------------------------------
+# Stochastic verify (target-only tree sampling), float64
+
+
+def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.Tensor, final: torch.Tensor, *,
+                      num_steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Section 6.4: sequential acceptance among siblings, bonus from the residual.
+
+    tree: DraftTree with D nodes (parents before children, as build_tree makes them);
+    target_probs: [bs, D, V] float64, each node's sampling distribution;
+    coins: [bs, D] float64 in [0, 1), coins[b, j] is used at node j; final: [bs] float64 in [0, 1).
+    Returns (accept_nodes [bs, S+1] int64 padded with -1, num_correct [bs] int64, bonus [bs] int64).
+    """
+    _validate_tree(tree, num_steps)
+    bs, d = tree.tokens.shape
+    device = tree.device
+    if not isinstance(target_probs, torch.Tensor) or target_probs.dim() != 3:
+        raise ValueError("target_probs must be a 3-D tensor [bs, D, V]")
+    vocab = target_probs.shape[2]
+    _check_tensor("target_probs", target_probs, (bs, d, vocab), torch.float64, device)
+    _check_tensor("coins", coins, (bs, d), torch.float64, device)
+    _check_tensor("final", final, (bs,), torch.float64, device)
+    if vocab < 1:
+        raise ValueError("target_probs must have a non-empty vocabulary dimension")
+    if not _capturing(device) and bs > 0:
+        if bool(((coins < 0) | (coins >= 1) | coins.isnan()).any()):
+            raise ValueError("coins must lie in [0, 1)")
+        if bool(((final < 0) | (final >= 1) | final.isnan()).any()):
+            raise ValueError("final must lie in [0, 1)")
+        if d > 1 and bool(((tree.tokens[:, 1:] < 0) | (tree.tokens[:, 1:] >= vocab)).any()):
+            raise ValueError(f"tree.tokens of draft nodes must lie in [0, {vocab}) (the vocab of target_probs)")
+
+    rows = torch.arange(bs, device=device)
+    w = torch.arange(num_steps + 1, device=device)
+    tokens = tree.tokens.clamp(0, vocab - 1)            # draft tokens are validated; the root's is unused
+    parents = tree.parents
+    cur = torch.zeros(bs, dtype=torch.int64, device=device)
+    n = torch.zeros(bs, dtype=torch.int64, device=device)
+    u = coins[:, 0].clone()
+    acc = torch.zeros(bs, dtype=torch.float64, device=device)
+    accept = torch.where(w == 0, 0, -1).expand(bs, num_steps + 1).clone()
+    for m in range(1, d):                               # ascending node order = sibling order
+        visit = (parents[:, m] == cur) & (n < num_steps)
+        acc = torch.where(visit, acc + target_probs[rows, cur, tokens[:, m]], acc)
+        take = visit & (u < acc)
+        n = n + take
+        accept = torch.where(take[:, None] & (w[None, :] == n[:, None]), m, accept)
+        cur = torch.where(take, m, cur)
+        u = torch.where(take, coins[:, m], u)
+        acc = torch.where(take, 0.0, acc)
+
+    # The walk ended at cur: its children were all visited and rejected, unless the depth limit
+    # stopped it first (then none was visited). Zero the rejected children's tokens.
+    rejected = (parents == cur[:, None]) & (n < num_steps)[:, None]
+    rejected[:, 0] = False
+    residual = torch.zeros((bs, vocab + 1), dtype=torch.float64, device=device)   # column V: a sink
+    residual[:, :vocab] = target_probs[rows, cur]
+    residual.scatter_(1, torch.where(rejected, tokens, vocab), 0.0)
+    residual = residual[:, :vocab]
+    bonus = _inverse_cdf(residual, final)
+    return accept, n, bonus
+
+
+def _inverse_cdf(residual: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """First index whose cumulative sum exceeds u * sum(residual); else the last index with
+    residual > 0; else (an all-zero residual) V - 1. residual: [bs, V] float64; u: [bs] -> [bs]."""
+    vocab = residual.shape[1]
+    idx = torch.arange(vocab, device=residual.device)
+    over = torch.cumsum(residual, dim=-1) > (u * residual.sum(-1))[:, None]
+    first = torch.where(over, idx, vocab).amin(-1)
+    last_positive = torch.where(residual > 0, idx, -1).amax(-1)
+    fallback = torch.where(last_positive >= 0, last_positive, vocab - 1)
+    return torch.where(first < vocab, first, fallback)

@@ -1,0 +1,82 @@
+"""The EAGLE draft-tree search (docs/semantics.md 6.2), as plain functions over tensors.
+
+`start_search` takes step 0's top-k, `expand_search` folds in each later step's top-k of every
+beam, `finish_search` keeps the D-1 best candidates. The outputs feed `kernels.tree.build_tree`.
+No host syncs: the whole search can run inside a captured CUDA graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specverify.ops import topk_stable
+
+
+@dataclasses.dataclass
+class TreeSearch:
+    topk: int
+    num_steps: int
+    scores: torch.Tensor          # [bs, k] float32 path score of each beam
+    tokens: torch.Tensor          # [bs, k] int64 token of each beam
+    flat: torch.Tensor            # [bs, k] int64 flat candidate index of each beam
+    ancestors: torch.Tensor       # [bs, k, (S-1)*k] bool: draft-region entries on each beam's path
+    cand_scores: list             # per step: [bs, k] (step 0) or [bs, k*k] candidate scores
+    cand_tokens: list             # per step: matching candidate tokens
+    beam_flats: list              # per step 0..S-2: [bs, k] flat index of the beams chosen there
+
+
+def start_search(p0: torch.Tensor, index0: torch.Tensor, num_steps: int) -> TreeSearch:
+    """Step 0: p0 / index0 [bs, k] are the top-k of the draft-extend's last row."""
+    bs, k = p0.shape
+    region = max(num_steps - 1, 1) * k
+    anc = torch.zeros((bs, k, region), dtype=torch.bool, device=p0.device)
+    anc[:, torch.arange(k), torch.arange(k)] = True                 # beam p of step 0 is entry p
+    flat = torch.arange(k, device=p0.device).expand(bs, k)
+    return TreeSearch(k, num_steps, p0, index0, flat, anc, [p0], [index0], [flat])
+
+
+def expand_search(search: TreeSearch, step: int, p: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Step `step` >= 1: p / index [bs, k, k] are the top-k of each beam's draft row.
+
+    Chooses the k best children as the new beams; returns each new beam's parent beam [bs, k]
+    (the caller gathers the parents' draft hidden states with it).
+    """
+    k = search.topk
+    bs = p.shape[0]
+    cand = (search.scores[:, :, None] * p).reshape(bs, k * k)        # float32 path products
+    cand_tokens = index.reshape(bs, k * k)
+    scores, chosen = topk_stable(cand, k)                            # chosen in [0, k*k)
+    parent = chosen // k
+    base = k + (step - 1) * k * k
+    search.cand_scores.append(cand)
+    search.cand_tokens.append(cand_tokens)
+    search.scores = scores
+    search.tokens = cand_tokens.gather(1, chosen)
+    search.flat = base + chosen
+    if step < search.num_steps - 1:
+        # New beam p' inherits its parent's path and adds its own entry step*k + p'.
+        anc = search.ancestors.gather(1, parent[:, :, None].expand(-1, -1, search.ancestors.shape[2])).clone()
+        anc[:, torch.arange(k), step * k + torch.arange(k)] = True
+        search.ancestors = anc
+        search.beam_flats.append(search.flat)
+    return parent
+
+
+def finish_search(search: TreeSearch, num_draft_tokens: int):
+    """Keep the D-1 best candidates, sorted by flat index.
+
+    Returns kept_flat [bs, D-1], kept_tokens [bs, D-1], beam_flat [bs, S-1, k].
+    """
+    scores = torch.cat(search.cand_scores, dim=1)
+    tokens = torch.cat(search.cand_tokens, dim=1)
+    _, best = topk_stable(scores, num_draft_tokens - 1)
+    kept_flat = torch.sort(best, dim=1).values
+    kept_tokens = tokens.gather(1, kept_flat)
+    bs, k = search.tokens.shape
+    if search.num_steps > 1:
+        beam_flat = torch.stack(search.beam_flats[:search.num_steps - 1], dim=1)
+    else:
+        beam_flat = torch.zeros((bs, 0, k), dtype=torch.int64, device=scores.device)
+    return kept_flat, kept_tokens, beam_flat
