@@ -29,7 +29,7 @@ MARKERS = {
     "fp8": "exercises FP8 logits or quantization",
     "golden": "compares against committed golden files",
     "e2e": "end-to-end decoding through generate()",
-    "slow": "long; runs only with --run-slow or SPECVERIFY_RUN_SLOW=1",
+    "slow": "long; deselected unless --run-slow or SPECVERIFY_RUN_SLOW=1",
 }
 PLATFORM_MARKERS = {"cuda": ("cuda",), "rocm": ("rocm",), "gpu": ("cuda", "rocm")}
 
@@ -83,12 +83,16 @@ def _triton_version() -> str:
 def pytest_collection_modifyitems(config, items):
     native = native_platform()
     run_slow = config.getoption("--run-slow") or os.environ.get("SPECVERIFY_RUN_SLOW") == "1"
+    kept, slow = [], []
     for item in items:
         for marker, platforms in PLATFORM_MARKERS.items():
             if item.get_closest_marker(marker) and native not in platforms:
                 item.add_marker(pytest.mark.skip(reason=f"{marker}-marked: this machine is {native}"))
-        if item.get_closest_marker("slow") and not run_slow:
-            item.add_marker(pytest.mark.skip(reason="slow: pass --run-slow or SPECVERIFY_RUN_SLOW=1"))
+        (slow if item.get_closest_marker("slow") and not run_slow else kept).append(item)
+    if slow:
+        # Deselected, not skipped: the full factor products are thousands of ids.
+        config.hook.pytest_deselected(items=slow)
+        items[:] = kept
 
 
 def seed_for(nodeid: str) -> int:

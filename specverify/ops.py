@@ -11,6 +11,9 @@ from specverify import dtypes
 from specverify.platform import PlatformProfile, resolve
 
 
+LOGITS_TORCH_DTYPES = {dtypes.dtype_info(d).torch_dtype for d in dtypes.LOGITS_DTYPES}
+
+
 def topk_stable(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the last dim in the order (value descending, index ascending).
 
@@ -48,7 +51,9 @@ def select_draft_topk(logits: torch.Tensor, topk: int, *, platform: PlatformProf
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D [N, V], got shape {tuple(logits.shape)}")
-    dtypes.dtype_info(logits.dtype)                                 # a registry dtype, else ValueError
+    if logits.dtype not in LOGITS_TORCH_DTYPES:
+        raise ValueError(f"logits dtype {logits.dtype} is not a logits dtype of the registry "
+                         f"({', '.join(dtypes.LOGITS_DTYPES)})")
     vocab = logits.shape[1]
     if not 1 <= topk <= vocab:
         raise ValueError(f"topk must be in [1, {vocab}] (the vocab size), got {topk}")

@@ -161,7 +161,8 @@ def dists(*steps) -> list[np.ndarray]:
 #     flat 2 (tok 0, .5*.6 = .3 exactly the float32 .3: halving is exact), flat 3 (tok 2, .1);
 #   row 1 = beam flat 1: [.25 .25 .25 .25 0] -> tok 0, tok 1 -> flat 4 (tok 0, .075), flat 5 (tok 1, .075).
 #   scores by flat: [.5 .3 .3 .1 .075 .075]. D = 4 keeps the 3 best: flat 0, flat 1 (the .3 tie: flat 1 < 2), flat 2.
-#   nodes: 1 = flat 0 (tok 1, parent root), 2 = flat 1 (tok 3, root), 3 = flat 2 (tok 0, beam 0 of step 0 = flat 0 = node 1).
+#   nodes: 1 = flat 0 (tok 1, parent root), 2 = flat 1 (tok 3, root),
+#   3 = flat 2 (tok 0, parent beam 0 of step 0 = flat 0 = node 1).
 #   parents [-1 0 0 1]; L = 7: positions [7 8 8 9]; root's children 1, 2; node 1's child 3.
 # Request 1.  step 0: [.5 .4 .05 .05 0] -> flat 0 (tok 0, .5), flat 1 (tok 1, .4).
 #   row 0: [.1 .1 .1 .1 .6] -> tok 4 (.6), tok 0 (.1, the .1 tie) -> flat 2 (.3), flat 3 (.05);
@@ -431,6 +432,17 @@ def test_stochastic_verify_residual_after_rejections():
     # At node 1: coins[1] = .5 rejects node 3 (tok 2, acc .5); residual [.5 0 0 0] -> token 0 always.
     assert sverify(0.1, u1=0.5, final=0.0) == ([0, 1, -1], 1, 0)
     assert sverify(0.1, u1=0.5, final=below(1.0)) == ([0, 1, -1], 1, 0)
+
+
+def test_stochastic_verify_uses_the_coin_of_the_accepted_node():
+    # The three-step tree, uniform rows over V = 4. u0 = .3 rejects node 1 (tok 0, acc .25) and
+    # accepts node 2 (tok 1, acc .5). Node 2's child is node 5 (tok 0, acc .25): its coin is
+    # coins[2] (node 2's index), not coins[1] (the depth). coins[2] = .1 accepts node 5 (a leaf).
+    probs = [[0.25] * 4] * len(TREE_TOKENS)
+    coins = [0.3, 0.9, 0.1, 0.9, 0.9, 0.9, 0.9]
+    assert stochastic_verify(TREE_TOKENS, TREE_PARENTS, probs, coins, 0.0, num_steps=3) == ([0, 2, 5, -1], 2, 0)
+    coins = [0.3, 0.1, 0.9, 0.9, 0.9, 0.9, 0.9]  # now node 2's coin rejects node 5: bonus from [.25 0 .25 .25]
+    assert stochastic_verify(TREE_TOKENS, TREE_PARENTS, probs, coins, 0.0, num_steps=3) == ([0, 2, -1, -1], 1, 1)
 
 
 def test_stochastic_verify_orphans_are_never_accepted():

@@ -134,7 +134,7 @@ def _build_tree_kernel(
                           mask=later, other=-1)
 
     # Its node: the kept entry with that flat index (only the D - 1 real entries are scanned).
-    hit = (parent_flat[:, None] == flat[None, :]) & later[:, None] & drafted[None, :]
+    hit = (parent_flat[:, None] == flat[None, :]) & later[:, None] & valid[None, :]
     found = tl.min(tl.where(hit, node[None, :], BLOCK_D), axis=1)
     parent = tl.where(later, tl.where(found < BLOCK_D, found, -1), tl.where(drafted, 0, -1))
 
@@ -219,7 +219,7 @@ def _build_tree_torch(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, 
     beam = torch.div(rel % k2, topk, rounding_mode="floor")
     col = torch.where(later, (step - 1) * topk + beam, torch.zeros_like(rel))
     if beam_flat.numel():
-        parent_flat = beam_flat.reshape(bs, -1).gather(1, col)
+        parent_flat = beam_flat.reshape(bs, (num_steps - 1) * topk).gather(1, col)
     else:                                                                      # S == 1: all parents are the root
         parent_flat = torch.full_like(kept_flat, -1)
     hit = (parent_flat[:, :, None] == kept_flat[:, None, :]) & later[:, :, None]   # [bs, D-1, D-1]

@@ -170,7 +170,7 @@ def _select_errors():
     yield ErrorInput("topk-0", call(k=0), ValueError, r"topk must be in \[1, 5\]")
     yield ErrorInput("topk-above-vocab", call(k=6), ValueError, r"topk must be in \[1, 5\]")
     yield ErrorInput("1-D", call(logits=x[0]), ValueError, "logits must be 2-D")
-    yield ErrorInput("int-logits", call(logits=x.long()), ValueError, "unknown")
+    yield ErrorInput("int-logits", call(logits=x.long()), ValueError, "logits dtype torch.int64 is not a logits dtype")
     yield ErrorInput("bad-scale", call(scale=torch.ones(3, 1)), ValueError, r"scale must have shape \[2, 1\]")
 
 
@@ -236,7 +236,7 @@ def _tree_errors():
     yield ErrorInput("too-many-kept", call(torch.arange(7)[None]), ValueError, "kept")
     yield ErrorInput("chain-needs-D-eq-S+1", call(torch.tensor([[0, 1, 2]]), topk=1, steps=2,
                                                   beam_flat=torch.zeros((1, 1, 1), dtype=torch.int64)),
-                     ValueError, "")
+                     ValueError, "more than the 2 candidates of topk=1, num_steps=2")
 
 
 # ---------------------------------------------------------------------------------------------

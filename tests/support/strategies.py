@@ -28,6 +28,8 @@ def tie_heavy_rows(gen: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
 
 def as_logits_dtype(x: torch.Tensor, dtype_name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Deliver float32 logits in a registry dtype with a static scale of 1: (values, scale [N,1])."""
+    if dtype_name == "float64":                 # ops whose inputs are float64 probabilities
+        return x.double(), torch.ones((*x.shape[:-1], 1))
     return dtypes.to_logits_dtype(x, dtype_name, scale_mode="static", static_scale=1.0)
 
 
