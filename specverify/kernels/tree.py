@@ -134,7 +134,7 @@ def _build_tree_kernel(
                           mask=later, other=-1)
 
     # Its node: the kept entry with that flat index (only the D - 1 real entries are scanned).
-    hit = (parent_flat[:, None] == flat[None, :]) & later[:, None] & valid[None, :]
+    hit = (parent_flat[:, None] == flat[None, :]) & later[:, None] & drafted[None, :]
     found = tl.min(tl.where(hit, node[None, :], BLOCK_D), axis=1)
     parent = tl.where(later, tl.where(found < BLOCK_D, found, -1), tl.where(drafted, 0, -1))
 

@@ -206,7 +206,7 @@ def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.
 
     # The walk ended at cur: its children were all visited and rejected, unless the depth limit
     # stopped it first (then none was visited). Zero the rejected children's tokens.
-    rejected = (parents == cur[:, None])
+    rejected = (parents == cur[:, None]) & (n < num_steps)[:, None]
     rejected[:, 0] = False
     residual = torch.zeros((bs, vocab + 1), dtype=torch.float64, device=device)   # column V: a sink
     residual[:, :vocab] = target_probs[rows, cur]
