@@ -99,6 +99,19 @@ def _check_float_tensor(t, arg: str) -> None:
 # FP8 quantization
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _check_static_scale(scale) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"static_scale: expected a float, got {type(scale).__name__}")
+    s32 = torch.tensor([scale], dtype=torch.float32)
+    if not (math.isfinite(float(scale)) and bool(torch.isfinite(s32)) and float(s32) > 0):
+        raise ValueError(f"static_scale: must be finite and > 0 in float32, got {scale!r}")
+    return float(scale)
+
+
 def _scale_tensor(scale, like: torch.Tensor) -> torch.Tensor:
     """`scale` (a number or a float tensor broadcastable to `like`) as float32 on like.device.
 
@@ -117,7 +130,9 @@ def _scale_tensor(scale, like: torch.Tensor) -> torch.Tensor:
         if shape != like.shape:
             raise ValueError(f"scale: shape {tuple(s.shape)} does not broadcast to the input "
                              f"shape {tuple(like.shape)} (e.g. use [N, 1] for [N, V] rows)")
-        if not bool(torch.all(torch.isfinite(s) & (s > 0))):
+        # The value check reads the device; inside a CUDA-graph capture it cannot, and the
+        # captured scale was checked when the eager path ran first.
+        if not _capturing() and not bool(torch.all(torch.isfinite(s) & (s > 0))):
             raise ValueError("scale: every element must be finite and > 0 in float32")
         return s
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
@@ -167,13 +182,13 @@ def logits_scale(logits: torch.Tensor, dtype: str | torch.dtype, *, mode: str,
         raise ValueError(f"logits: expected shape [..., V] with V >= 1, got {tuple(logits.shape)}")
     out_shape = (*logits.shape[:-1], 1)
     if mode == "static":
-        s = _scale_tensor(static_scale, logits)                  # [1]
-        return s.expand(out_shape).clone()
+        # A fill on the device (no host-to-device copy), so it can be captured in a CUDA graph.
+        return torch.full(out_shape, _check_static_scale(static_scale), dtype=torch.float32, device=logits.device)
     if mode == "per_row":
         x = logits.to(torch.float32)                             # [..., V]
         mag = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))
         amax = mag.amax(dim=-1, keepdim=True)                    # [..., 1]
-        s = amax / torch.tensor(info.max_finite, dtype=torch.float32, device=x.device)
+        s = amax / torch.full_like(amax, info.max_finite)       # tensor / tensor: a true division
         return torch.where(s > 0, s, torch.ones_like(s))
     raise ValueError(f"mode: {mode!r} is not one of {SCALE_MODES}; a scale computed over the "
                      "whole batch is not supported, because it would make a request's tokens "

@@ -321,6 +321,14 @@ def test_verify_greedy_chain(impl):
     assert [x.tolist() for x in got] == [[[0, 1, 2, 3], [0, 1, -1, -1]], [3, 1], [4, 9]]
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_verify_greedy_stops_at_num_steps(impl):
+    # The "ab" tree is 3 deep; verified with S = 1 the walk stops after one accepted node and the
+    # bonus is the prediction there (node 2 predicts 13), accept_nodes is S + 1 = 2 wide.
+    got = verify_greedy(build(CASE_AB), t([[12, 0, 13, 14, 99], [21, 24, 0, 0, 0]]), num_steps=1, impl=impl)
+    assert [x.tolist() for x in got] == [[[0, 2], [0, 1]], [1, 1], [13, 24]]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_verify_greedy_random_triton_equals_torch(seed):
     gen = torch.Generator().manual_seed(seed)
@@ -416,6 +424,14 @@ def test_stochastic_full_path_bonus_from_leaf():
     p3 = [0, 0, 0, 0.125, 0.875, 0, 0, 0]
     p = probs_ab(n0=ROOT, n2=[0, 0, 0, 0.5, 0.5, 0, 0, 0], n3=p3)
     assert stochastic(p, [0.5, 0.99, 0.25, 0.9, 0.0], 0.0) == [[0, 2, 3, -1], 2, 3]
+
+
+def test_stochastic_stops_at_num_steps():
+    # With S = 1 the walk stops at node 2 after one acceptance: its children are never visited, so
+    # nothing is zeroed and the bonus comes from node 2's full row (final 0.25 -> 0.25 * 1.0, first
+    # cumulative above it is index 3, node 3's token).
+    p = probs_ab(n0=ROOT, n2=[0, 0, 0, 0.5, 0.5, 0, 0, 0])
+    assert stochastic(p, [0.5, 0, 0.9, 0, 0], 0.25, num_steps=1) == [[0, 2], 1, 3]
 
 
 def test_stochastic_orphan_never_accepted():
@@ -531,3 +547,56 @@ def test_triton_without_interpreter_is_a_clear_error():
         a = {k: v.cpu() for k, v in ab_args().items()}
         with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
             build_tree(**a, topk=2, num_steps=3, impl="triton")
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA graphs: capture once, replay on new inputs, equal to eager
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_equals_eager():
+    gen = torch.Generator().manual_seed(7)
+    bs, k, steps, d, vocab = 4, 3, 4, 11, 6
+
+    def fresh():
+        kept_flat, kept_tokens, beam_flat = draft_from_scores(bs, k, steps, d, gen, vocab)
+        return dict(root=torch.randint(0, vocab, (bs,), generator=gen).to(DEV), kept_flat=kept_flat,
+                    kept_tokens=kept_tokens, beam_flat=beam_flat,
+                    seq_lens=torch.randint(0, 30, (bs,), generator=gen).to(DEV),
+                    predict=torch.randint(0, vocab, (bs, d), generator=gen).to(DEV),
+                    probs=torch.softmax(torch.randn(bs, d, vocab, generator=gen, dtype=torch.float64), -1).to(DEV),
+                    coins=torch.rand(bs, d, generator=gen, dtype=torch.float64).to(DEV),
+                    final=torch.rand(bs, generator=gen, dtype=torch.float64).to(DEV))
+
+    def step(x):
+        tree = build_tree(x["root"], x["kept_flat"], x["kept_tokens"], x["beam_flat"], x["seq_lens"],
+                          topk=k, num_steps=steps, impl="triton")
+        torch_tree = build_tree(x["root"], x["kept_flat"], x["kept_tokens"], x["beam_flat"], x["seq_lens"],
+                                topk=k, num_steps=steps, impl="torch")
+        outs = [getattr(tree, n) for n in ("tokens", "parents", "positions", "mask", "first_child",
+                                           "next_sibling", "flat_index")]
+        outs += [getattr(torch_tree, n) for n in ("parents", "positions", "mask")]
+        outs += list(verify_greedy(tree, x["predict"], num_steps=steps, impl="triton"))
+        outs += list(verify_greedy(tree, x["predict"], num_steps=steps, impl="torch"))
+        outs += list(verify_stochastic(tree, x["probs"], x["coins"], x["final"], num_steps=steps))
+        return outs
+
+    static = fresh()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(static)
+    for trial in range(3):
+        new = fresh()
+        for name, value in new.items():
+            static[name].copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step(new)
+        for i, (a, b) in enumerate(zip(captured, eager)):
+            assert torch.equal(a, b), f"trial {trial}: output {i} differs between replay and eager"

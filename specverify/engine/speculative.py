@@ -22,7 +22,8 @@ from specverify.kernels.tree import DraftTree, build_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models, chain_mask
 from specverify.ops import select_draft_topk
-from specverify.platform import PlatformProfile
+from specverify.platform import PlatformProfile, resolve
+from specverify.kernels.cuda_graph import BucketGraphRunner
 from specverify.spec.eagle import expand_search, finish_search, start_search
 
 
@@ -77,20 +78,28 @@ class SpecDecoder:
     """Runs speculative cycles over a batch of requests; requests may finish or be aborted."""
 
     def __init__(self, models: Models, config: SpecConfig, params: SamplingParams, *,
-                 eos_token_id: int | None, num_logprobs: int, platform: PlatformProfile | None = None):
+                 eos_token_id: int | None, num_logprobs: int, platform: PlatformProfile | None = None,
+                 static_shapes: bool | None = None):
+        """static_shapes: run the decode-time draft phase at fixed padded shapes (the CUDA-graph
+        shapes). None = on CUDA devices only; True also on the CPU (to test the padded path)."""
         self.models, self.config, self.params = models, config, params
         self.eos, self.num_logprobs, self.platform = eos_token_id, num_logprobs, platform
         self.k, self.S, self.D = config.topk, config.num_steps, config.draft_tokens
         self.region = max(self.D, (self.S - 1) * self.k)   # cache entries past the prefix a cycle uses
         self.max_ctx = models.config.max_context
         self.dev = models.device
+        self.static = self.dev.type == "cuda" if static_shapes is None else static_shapes
 
     # -- set-up -------------------------------------------------------------------------
     def start(self, reqs: list[SpecRequest]) -> None:
         self.reqs = reqs
-        self.cache: ModelCache = self.models.target.new_cache(max_requests=len(reqs), page_size=self.config.page_size)
+        self.cache: ModelCache = self.models.target.new_cache(max_requests=len(reqs) + 1,
+                                                              page_size=self.config.page_size)
+        self.pad_row = self.cache.table.alloc_row()       # owns no page: padded lanes read and write the sink
         for r in reqs:
             r.row = self.cache.table.alloc_row()
+        self._max_kv = self.max_ctx
+        self.runner = self._make_runner()
         self.prefill(reqs)
 
     def running(self) -> list[SpecRequest]:
@@ -127,84 +136,105 @@ class SpecDecoder:
         tokens = [reqs[b].prompt[1:] + [reqs[b].last_token] for b in live]
         feats = out.hidden[torch.tensor(live, device=self.dev)]
         self._state_reqs = [reqs[b] for b in live]
-        self.state = self.draft_phase(self._state_reqs, tokens, feats, [0] * len(live))
+        self.state = self.draft_phase(self._state_reqs, tokens, feats, [0] * len(live), static=False)
 
     # -- draft --------------------------------------------------------------------------
-    def draft_phase(self, reqs, tokens: list[list[int]], feats: torch.Tensor, kv_lens: list[int]) -> DraftState:
-        """Draft-extend the new tokens, then run the S-step tree search. feats: [bs, q, H]."""
-        head = self.models.draft
+    def draft_phase(self, reqs, tokens: list[list[int]], feats: torch.Tensor, kv_lens: list[int], *,
+                    static: bool) -> DraftState:
+        """Draft-extend the new tokens, then run the S-step tree search. feats: [bs, q, H].
+
+        static: pad to the fixed decode shapes (q = S+1, the whole context visible) and go through
+        the bucketed runner, graph-captured when the config and platform allow it.
+        """
         for r, toks, kv in zip(reqs, tokens, kv_lens):
             self.cache.table.reserve(r.row, min(kv + len(toks) + self.region + 1, self.max_ctx))
-        batch = _chain_batch(tokens, kv_lens, [r.row for r in reqs], self.dev)
-        batch.positions = batch.positions + 1          # x_t sits at draft index t-1, position t
-        q = batch.input_ids.shape[1]
-        oracle_next, oracle_keys = self._oracle(reqs, batch.positions, batch.input_ids, None)
-        out = head.forward(self.cache, batch, feats[:, :q], oracle_next=oracle_next, oracle_keys=oracle_keys)
-        ar = torch.arange(len(reqs), device=self.dev)
-        last = batch.q_lens - 1
-        p0, idx0 = select_draft_topk(out.logits[ar, last], self.k, platform=self.platform, scale=out.scale[ar, last])
-        prefix = batch.kv_lens + batch.q_lens                               # draft prefix = new n
+        q = self.S + 1 if static else max(len(t) for t in tokens)
+        inputs = self._draft_inputs(reqs, tokens, feats, kv_lens, q)
+        if static:
+            self._max_kv = self.max_ctx
+            out = self.runner.run(inputs)
+        else:
+            self._max_kv = max(kv + len(t) for kv, t in zip(kv_lens, tokens)) + self.region + self.k
+            out = self._draft_fn(inputs)
+        return DraftState(out["roots"], out["kept_flat"], out["kept_tokens"], out["beam_flat"])
+
+    def _draft_inputs(self, reqs, tokens, feats, kv_lens, q) -> dict:
+        bs = len(reqs)
+        ids = torch.zeros((bs, q), dtype=torch.int64)
+        for b, toks in enumerate(tokens):
+            ids[b, :len(toks)] = torch.tensor(toks, dtype=torch.int64)
+        inputs = {"tokens": ids, "kv_lens": torch.tensor(kv_lens), "q_lens": torch.tensor([len(t) for t in tokens]),
+                  "rows": torch.tensor([r.row for r in reqs]), "req_ids": torch.tensor([r.index for r in reqs])}
+        inputs = {k: v.to(self.dev) for k, v in inputs.items()}
+        f = feats.new_zeros((bs, q, feats.shape[-1]))
+        f[:, :min(q, feats.shape[1])] = feats[:, :q]
+        inputs["feats"] = f
+        if reqs[0].oracle is not None:
+            inputs["oracle"] = torch.stack([r.oracle for r in reqs]).to(self.dev)
+        return inputs
+
+    def _make_runner(self) -> BucketGraphRunner:
+        h = self.models.config.hidden_size
+        i64 = dict(dtype=torch.int64, device=self.dev)
+        pad = {"tokens": torch.zeros(self.S + 1, **i64), "kv_lens": torch.zeros((), **i64),
+               "q_lens": torch.ones((), **i64), "rows": torch.full((), self.pad_row, **i64),
+               "req_ids": torch.zeros((), **i64),
+               "feats": torch.zeros(self.S + 1, h, dtype=self.models.target.dtype, device=self.dev)}
+        if self.reqs[0].oracle is not None:
+            pad["oracle"] = torch.full((self.max_ctx + 1,), -1, **i64)
+        graphs = self.config.cuda_graph and resolve(self.platform).cuda_graphs and self.dev.type == "cuda"
+        return BucketGraphRunner(self._draft_fn, pad, use_graphs=graphs)
+
+    def _draft_fn(self, inp: dict) -> dict:
+        """The draft phase as a pure tensor function of its inputs: no host syncs, so it can be
+        captured in a CUDA graph (the max_kv bound is fixed per shape)."""
+        head, k = self.models.draft, self.k
+        tokens, kv_lens, q_lens, rows = inp["tokens"], inp["kv_lens"], inp["q_lens"], inp["rows"]
+        oracle = inp.get("oracle")
+        bs, q = tokens.shape
+        ar = torch.arange(bs, device=self.dev)
+        mask, parents = chain_mask(bs, q, self.dev)
+        # x_t sits at draft index t-1, position t.
+        positions = kv_lens[:, None] + 1 + torch.arange(q, device=self.dev)[None, :]
+        batch = Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, self._max_kv)
+        keys = inp["req_ids"][:, None] * (self.max_ctx + 1)
+        nxt = None if oracle is None else oracle.gather(1, (positions + 1).clamp(max=self.max_ctx))
+        out = head.forward(self.cache, batch, inp["feats"], oracle_next=nxt,
+                           oracle_keys=None if oracle is None else keys + positions + 1)
+        last = (q_lens - 1).clamp(min=0)
+        p0, idx0 = select_draft_topk(out.logits[ar, last], k, platform=self.platform, scale=out.scale[ar, last])
+        prefix = kv_lens + q_lens                                           # draft prefix = root position
+        roots = tokens[ar, last]
         search = start_search(p0, idx0, self.S)
-        hidden = out.hidden[ar, last][:, None, :].expand(-1, self.k, -1)    # [bs, k, H]
-        root_pos = prefix                                                   # position of the root
-        on_path = self._root_on_path(reqs, root_pos, batch.input_ids[ar, last])
-        beam_on = self._child_on_path(reqs, on_path[:, None], search.tokens, root_pos[:, None] + 1)
+        hidden = out.hidden[ar, last][:, None, :].expand(-1, k, -1)         # [bs, k, H]
+        on = self._on_path(oracle, prefix[:, None], roots[:, None], None)
+        beam_on = self._on_path(oracle, prefix[:, None] + 1, search.tokens, on)
         for step in range(1, self.S):
-            beams = search.tokens                                          # [bs, k] at depth `step`
-            pos = (root_pos + step)[:, None].expand(-1, self.k)
-            region = (step - 1) * self.k
-            dbatch = Batch(beams, pos, batch.rows, prefix, torch.full_like(prefix, self.k),
-                           search.ancestors[:, :, :region + self.k], torch.full_like(beams, -1),
-                           int(prefix.max()) + region + self.k, region)
-            nxt, keys = self._oracle_from(reqs, pos, beam_on)
-            dout = head.forward(self.cache, dbatch, hidden, oracle_next=nxt, oracle_keys=keys)
-            flat_logits = dout.logits.reshape(-1, dout.logits.shape[-1])
-            p, idx = select_draft_topk(flat_logits, self.k, platform=self.platform,
-                                       scale=dout.scale.reshape(-1, 1))
-            parent = expand_search(search, step, p.view(-1, self.k, self.k), idx.view(-1, self.k, self.k))
+            pos = (prefix + step)[:, None].expand(-1, k)                    # beams sit at depth `step`
+            region = (step - 1) * k
+            dbatch = Batch(search.tokens, pos, rows, prefix, torch.full_like(prefix, k),
+                           search.ancestors[:, :, :region + k], torch.full_like(pos, -1), self._max_kv, region)
+            nxt = None
+            if oracle is not None:
+                nxt = torch.where(beam_on, oracle.gather(1, (pos + 1).clamp(max=self.max_ctx)),
+                                  torch.full_like(pos, -1))
+            dout = head.forward(self.cache, dbatch, hidden, oracle_next=nxt,
+                                oracle_keys=None if oracle is None else keys + pos + 1)
+            p, idx = select_draft_topk(dout.logits.reshape(bs * k, -1), k, platform=self.platform,
+                                       scale=dout.scale.reshape(bs * k, 1))
+            parent = expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k))
             hidden = dout.hidden.gather(1, parent[:, :, None].expand(-1, -1, dout.hidden.shape[-1]))
-            beam_on = self._child_on_path(reqs, beam_on.gather(1, parent), search.tokens, pos + 1)
+            beam_on = self._on_path(oracle, pos + 1, search.tokens, beam_on.gather(1, parent))
         kept_flat, kept_tokens, beam_flat = finish_search(search, self.D)
-        roots = batch.input_ids[ar, last]
-        return DraftState(roots, kept_flat, kept_tokens, beam_flat)
+        return {"roots": roots, "kept_flat": kept_flat, "kept_tokens": kept_tokens, "beam_flat": beam_flat}
 
-    # -- the agreement oracle ------------------------------------------------------------
-    def _oracle_table(self, reqs) -> torch.Tensor | None:
-        if reqs[0].oracle is None:
-            return None
-        return torch.stack([r.oracle for r in reqs]).to(self.dev)          # [bs, max_ctx + 1]
-
-    def _keys(self, reqs, pos):
-        ids = torch.tensor([r.index for r in reqs], device=self.dev)[:, None]
-        return ids * (self.max_ctx + 1) + pos + 1
-
-    def _oracle(self, reqs, positions, tokens, _):
-        """Extend rows: every token is on the committed path; next = oracle at position + 1."""
-        table = self._oracle_table(reqs)
-        if table is None:
-            return None, None
-        pos = positions.clamp(max=self.max_ctx - 1)
-        nxt = table.gather(1, pos + 1)
-        return nxt, self._keys(reqs, pos)
-
-    def _root_on_path(self, reqs, root_pos, roots):
-        table = self._oracle_table(reqs)
-        if table is None:
-            return torch.zeros_like(roots, dtype=torch.bool)
-        return table.gather(1, root_pos.clamp(max=self.max_ctx)[:, None])[:, 0] == roots
-
-    def _child_on_path(self, reqs, parent_on, tokens, pos):
-        table = self._oracle_table(reqs)
-        if table is None:
+    def _on_path(self, oracle, pos, tokens, parent_on):
+        """[bs, m] bool: the node's token is the target's greedy token at `pos`, and so are its
+        ancestors'. Without an oracle nothing is known to be on the path."""
+        if oracle is None:
             return torch.zeros_like(tokens, dtype=torch.bool)
-        return parent_on & (table.gather(1, pos.clamp(max=self.max_ctx)) == tokens)
-
-    def _oracle_from(self, reqs, pos, on):
-        table = self._oracle_table(reqs)
-        if table is None:
-            return None, None
-        nxt = table.gather(1, (pos + 1).clamp(max=self.max_ctx))
-        return torch.where(on, nxt, torch.full_like(nxt, -1)), self._keys(reqs, pos)
+        on = oracle.gather(1, pos.clamp(max=self.max_ctx)) == tokens
+        return on if parent_on is None else on & parent_on
 
     # -- verify and commit -----------------------------------------------------------------
     def step(self) -> None:
@@ -240,7 +270,7 @@ class SpecDecoder:
         if cont:
             sel = torch.tensor(cont, device=self.dev)
             self.state = self.draft_phase([reqs[b] for b in cont], [new_tokens[b] for b in cont], feats[sel],
-                                          [reqs[b].cached - len(new_tokens[b]) for b in cont])
+                                          [reqs[b].cached - len(new_tokens[b]) for b in cont], static=self.static)
             self._state_reqs = [reqs[b] for b in cont]
 
     def _accept(self, reqs, tree: DraftTree, out):
@@ -314,7 +344,8 @@ SPEC_STREAM_SALT = 0x5BD1E995
 
 
 def generate_speculative(models: Models, prompts, budgets: list[int], spec: SpecConfig, params: SamplingParams, *,
-                         seed: int, eos_token_id, num_logprobs: int, platform=None) -> GenerationOutput:
+                         seed: int, eos_token_id, num_logprobs: int, platform=None,
+                         static_shapes: bool | None = None) -> GenerationOutput:
     """Speculative decoding of every prompt; see `specverify.generate`."""
     cfg = models.config
     region = max(spec.draft_tokens, (spec.num_steps - 1) * spec.topk)
@@ -328,7 +359,7 @@ def generate_speculative(models: Models, prompts, budgets: list[int], spec: Spec
     if models.draft.agreement is not None and params.greedy:
         attach_oracle(models, reqs, region)
     decoder = SpecDecoder(models, spec, params, eos_token_id=eos_token_id, num_logprobs=num_logprobs,
-                          platform=platform)
+                          platform=platform, static_shapes=static_shapes)
     decoder.start(reqs)
     while decoder.running():
         decoder.step()

@@ -287,22 +287,33 @@ def _validate_build(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, to
                          f"(kept_flat has {d - 1} columns)")
     if _capturing(device) or bs == 0:
         return
-    # Value checks: these read the tensors back, so never inside a graph capture.
-    if d > 1:
-        if bool(((kept_flat < 0) | (kept_flat >= count)).any()):
-            raise ValueError(f"kept_flat values must lie in [0, {count}) (the candidate count k + (S-1)k^2)")
-        if d > 2 and bool((kept_flat[:, 1:] <= kept_flat[:, :-1]).any()):
-            raise ValueError("kept_flat must be strictly ascending in every row (kept candidates sorted by flat index)")
+    # Value checks read the tensors back (one sync for all), so never inside a graph capture.
+    checks = [
+        ((kept_flat < 0) | (kept_flat >= count),
+         f"kept_flat values must lie in [0, {count}) (the candidate count k + (S-1)k^2)"),
+        (kept_flat[:, 1:] <= kept_flat[:, :-1],
+         "kept_flat must be strictly ascending in every row (kept candidates sorted by flat index)"),
+        (seq_lens < 0, "seq_lens must be >= 0"),
+    ]
     if num_steps > 1:
-        if bool((beam_flat[:, 0] != torch.arange(topk, device=device)).any()):
-            raise ValueError(f"beam_flat[:, 0] must be 0..{topk - 1}: step 0's beams are its candidates in order")
-        lo = torch.tensor([0] + [topk + (i - 1) * topk * topk for i in range(1, num_steps - 1)], device=device)
-        hi = torch.tensor([topk] + [topk + i * topk * topk for i in range(1, num_steps - 1)], device=device)
-        if bool(((beam_flat < lo[None, :, None]) | (beam_flat >= hi[None, :, None])).any()):
-            raise ValueError("beam_flat[:, i] must hold flat indices of step i's candidates "
-                             "(step i >= 1: k + (i-1)k^2 .. k + i*k^2 - 1)")
-    if bool((seq_lens < 0).any()):
-        raise ValueError("seq_lens must be >= 0")
+        step = torch.arange(num_steps - 1, device=device)
+        lo = torch.where(step == 0, 0, topk + (step - 1) * topk * topk)
+        hi = torch.where(step == 0, topk, topk + step * topk * topk)
+        checks += [
+            (beam_flat[:, 0] != torch.arange(topk, device=device),
+             f"beam_flat[:, 0] must be 0..{topk - 1}: step 0's beams are its candidates in order"),
+            ((beam_flat < lo[None, :, None]) | (beam_flat >= hi[None, :, None]),
+             "beam_flat[:, i] must hold flat indices of step i's candidates (step i >= 1: k + (i-1)k^2 .. k + i*k^2 - 1)"),
+        ]
+    _raise_first(checks)
+
+
+def _raise_first(checks: list[tuple[torch.Tensor, str]]) -> None:
+    """Raise ValueError(message) for the first check whose tensor has a True entry (one host sync)."""
+    flags = torch.stack([bad.any() for bad, _ in checks]).tolist()
+    for flag, (_, message) in zip(flags, checks):
+        if flag:
+            raise ValueError(message)
 
 
 def build_tree(root_tokens: torch.Tensor, kept_flat: torch.Tensor, kept_tokens: torch.Tensor,

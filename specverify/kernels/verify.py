@@ -1,11 +1,11 @@
 """Tree verification (docs/semantics.md sections 6.3 and 6.4).
 
-Greedy verify has a Triton kernel (one program per request walking the linked tree) and a torch
-fallback vectorized over the batch (one step per depth, using the parents array: children in
-sibling order are the children in ascending node order). Stochastic verify is torch in float64,
-vectorized over the batch, one pass over the nodes in ascending order: a node's children all
-come after it (build_tree guarantees parent < child), so a single pass sees every child of the
-current node after the walk reaches it, in sibling order.
+Each verify has a Triton kernel (one program per request walking the linked tree) and a torch
+fallback vectorized over the batch, which reads the parents array instead: children in sibling
+order are the children in ascending node order. Greedy torch takes one step per depth. Stochastic
+torch is one pass over the nodes in ascending order: a node's children all come after it
+(build_tree guarantees parent < child), so a single pass sees every child of the current node
+after the walk reaches it, in sibling order. Stochastic verify is float64 throughout.
 
 All three outputs are node indices / counts / token ids in int64:
     accept_nodes [bs, S+1]  node indices of the accepted path, root (0) first, padded with -1
@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from specverify import dtypes
-from specverify.kernels.tree import DraftTree, _block, _capturing, _check_launchable, _check_tensor, _pick_impl
+from specverify.kernels.tree import (DraftTree, _block, _capturing, _check_launchable, _check_tensor, _pick_impl,
+                                     _raise_first)
 
 
 def target_predict(logits: torch.Tensor) -> torch.Tensor:
@@ -155,15 +156,125 @@ def verify_greedy(tree: DraftTree, target_predict: torch.Tensor, *, num_steps: i
 
 # --------------------------------------------------------------------------------------------
 # Stochastic verify (target-only tree sampling), float64
+#
+# The walk (which children are accepted) is a sequence of float64 additions and comparisons per
+# request: the Triton kernel and the torch loop do the same additions in the same order, so they
+# agree exactly. The bonus draw from the residual is torch in both cases.
+
+
+@triton.jit
+def _stochastic_walk_kernel(
+    tokens_ptr, first_child_ptr, next_sibling_ptr, probs_ptr, coins_ptr,
+    accept_ptr, num_correct_ptr,
+    num_draft, vocab, num_steps,
+    stride_tok0, stride_tok1, stride_fc0, stride_fc1, stride_ns0, stride_ns1,
+    stride_p0, stride_p1, stride_p2, stride_c0, stride_c1,
+    stride_acc0, stride_acc1, stride_nc0,
+    BLOCK_W: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    w = tl.arange(0, BLOCK_W)
+    accepted = tl.where(w == 0, 0, -1).to(tl.int64)
+
+    u = tl.load(coins_ptr + b * stride_c0)               # the uniform of the current node
+    acc = tl.zeros((), dtype=tl.float64)                 # target mass of the children visited so far
+    child = tl.load(first_child_ptr + b * stride_fc0)
+    cur = child * 0
+    n = 0
+    hops = 0
+    while (child >= 0) & (child < num_draft) & (n < num_steps) & (hops < num_draft):
+        in_row = (child >= 0) & (child < num_draft)
+        tok = tl.load(tokens_ptr + b * stride_tok0 + child * stride_tok1, mask=in_row, other=0)
+        tok = tl.minimum(tl.maximum(tok, 0), vocab - 1)
+        p = tl.load(probs_ptr + b * stride_p0 + cur * stride_p1 + tok * stride_p2, mask=in_row, other=0.0)
+        down = tl.load(first_child_ptr + b * stride_fc0 + child * stride_fc1, mask=in_row, other=-1)
+        side = tl.load(next_sibling_ptr + b * stride_ns0 + child * stride_ns1, mask=in_row, other=-1)
+        coin = tl.load(coins_ptr + b * stride_c0 + child * stride_c1, mask=in_row, other=0.0)
+        acc = acc + p
+        take = u < acc
+        n = n + take.to(tl.int32)
+        accepted = tl.where(take & (w == n), child, accepted)
+        cur = tl.where(take, child, cur)
+        u = tl.where(take, coin, u)
+        acc = tl.where(take, 0.0, acc)
+        child = tl.where(take, down, side)
+        hops = hops + 1
+
+    tl.store(accept_ptr + b * stride_acc0 + w * stride_acc1, accepted, mask=w < num_steps + 1)
+    tl.store(num_correct_ptr + b * stride_nc0, n.to(tl.int64))
+
+
+def _stochastic_walk_triton(tree: DraftTree, probs: torch.Tensor, coins: torch.Tensor, num_steps: int):
+    bs, d = tree.tokens.shape
+    device = tree.device
+    _check_launchable(_stochastic_walk_kernel, device)
+    accept, num_correct, _ = _empty_outputs(bs, num_steps, device)
+    if bs == 0:
+        return accept, num_correct
+    _stochastic_walk_kernel[(bs,)](
+        tree.tokens, tree.first_child, tree.next_sibling, probs, coins,
+        accept, num_correct,
+        d, probs.shape[2], num_steps,
+        tree.tokens.stride(0), tree.tokens.stride(1), tree.first_child.stride(0), tree.first_child.stride(1),
+        tree.next_sibling.stride(0), tree.next_sibling.stride(1),
+        probs.stride(0), probs.stride(1), probs.stride(2), coins.stride(0), coins.stride(1),
+        accept.stride(0), accept.stride(1), num_correct.stride(0),
+        BLOCK_W=_block(num_steps + 1), num_warps=1,
+    )
+    return accept, num_correct
+
+
+def _stochastic_walk_torch(tree: DraftTree, probs: torch.Tensor, coins: torch.Tensor, num_steps: int):
+    bs, d = tree.tokens.shape
+    device = tree.device
+    rows = torch.arange(bs, device=device)
+    w = torch.arange(num_steps + 1, device=device)
+    parents = tree.parents
+    tokens = tree.tokens.clamp(0, probs.shape[2] - 1)
+    # q[b, m]: node m's token under its parent's distribution, the mass it adds when visited.
+    q = probs[rows[:, None], parents.clamp(min=0), tokens]
+    cur = torch.zeros(bs, dtype=torch.int64, device=device)
+    n = torch.zeros(bs, dtype=torch.int64, device=device)
+    u = coins[:, 0]
+    acc = torch.zeros(bs, dtype=torch.float64, device=device)
+    accept = torch.where(w == 0, 0, -1).expand(bs, num_steps + 1)
+    for m in range(1, d):                                # ascending node order = sibling order
+        visit = (parents[:, m] == cur) & (n < num_steps)
+        acc = torch.where(visit, acc + q[:, m], acc)
+        take = visit & (u < acc)
+        n = n + take
+        accept = torch.where(take[:, None] & (w == n[:, None]), m, accept)
+        cur = torch.where(take, m, cur)
+        u = torch.where(take, coins[:, m], u)
+        acc = torch.where(take, 0.0, acc)
+    return accept.contiguous(), n
+
+
+def _residual_bonus(tree: DraftTree, probs: torch.Tensor, accept: torch.Tensor, n: torch.Tensor,
+                    final: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """The bonus token drawn from the residual at the last accepted node.
+
+    The walk ended there because every child was visited and rejected, or because the depth limit
+    stopped it before any child was visited (then nothing is zeroed)."""
+    bs, vocab = probs.shape[0], probs.shape[2]
+    rows = torch.arange(bs, device=probs.device)
+    cur = accept.gather(1, n[:, None])[:, 0]
+    rejected = (tree.parents == cur[:, None]) & (n < num_steps)[:, None]
+    rejected[:, 0] = False
+    residual = torch.zeros((bs, vocab + 1), dtype=torch.float64, device=probs.device)   # column V: a sink
+    residual[:, :vocab] = probs[rows, cur]
+    residual.scatter_(1, torch.where(rejected, tree.tokens.clamp(0, vocab - 1), vocab), 0.0)
+    return _inverse_cdf(residual[:, :vocab], final)
 
 
 def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.Tensor, final: torch.Tensor, *,
-                      num_steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      num_steps: int, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Section 6.4: sequential acceptance among siblings, bonus from the residual.
 
     tree: DraftTree with D nodes (parents before children, as build_tree makes them);
     target_probs: [bs, D, V] float64, each node's sampling distribution;
     coins: [bs, D] float64 in [0, 1), coins[b, j] is used at node j; final: [bs] float64 in [0, 1).
+    impl: "triton" | "torch" | "auto" for the walk (identical float64 additions either way).
     Returns (accept_nodes [bs, S+1] int64 padded with -1, num_correct [bs] int64, bonus [bs] int64).
     """
     _validate_tree(tree, num_steps)
@@ -177,43 +288,19 @@ def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.
     _check_tensor("final", final, (bs,), torch.float64, device)
     if vocab < 1:
         raise ValueError("target_probs must have a non-empty vocabulary dimension")
+    use = _pick_impl(impl, device)
     if not _capturing(device) and bs > 0:
-        if bool(((coins < 0) | (coins >= 1) | coins.isnan()).any()):
-            raise ValueError("coins must lie in [0, 1)")
-        if bool(((final < 0) | (final >= 1) | final.isnan()).any()):
-            raise ValueError("final must lie in [0, 1)")
-        if d > 1 and bool(((tree.tokens[:, 1:] < 0) | (tree.tokens[:, 1:] >= vocab)).any()):
-            raise ValueError(f"tree.tokens of draft nodes must lie in [0, {vocab}) (the vocab of target_probs)")
-
-    rows = torch.arange(bs, device=device)
-    w = torch.arange(num_steps + 1, device=device)
-    tokens = tree.tokens.clamp(0, vocab - 1)            # draft tokens are validated; the root's is unused
-    parents = tree.parents
-    cur = torch.zeros(bs, dtype=torch.int64, device=device)
-    n = torch.zeros(bs, dtype=torch.int64, device=device)
-    u = coins[:, 0].clone()
-    acc = torch.zeros(bs, dtype=torch.float64, device=device)
-    accept = torch.where(w == 0, 0, -1).expand(bs, num_steps + 1).clone()
-    for m in range(1, d):                               # ascending node order = sibling order
-        visit = (parents[:, m] == cur) & (n < num_steps)
-        acc = torch.where(visit, acc + target_probs[rows, cur, tokens[:, m]], acc)
-        take = visit & (u < acc)
-        n = n + take
-        accept = torch.where(take[:, None] & (w[None, :] == n[:, None]), m, accept)
-        cur = torch.where(take, m, cur)
-        u = torch.where(take, coins[:, m], u)
-        acc = torch.where(take, 0.0, acc)
-
-    # The walk ended at cur: its children were all visited and rejected, unless the depth limit
-    # stopped it first (then none was visited). Zero the rejected children's tokens.
-    rejected = (parents == cur[:, None]) & (n < num_steps)[:, None]
-    rejected[:, 0] = False
-    residual = torch.zeros((bs, vocab + 1), dtype=torch.float64, device=device)   # column V: a sink
-    residual[:, :vocab] = target_probs[rows, cur]
-    residual.scatter_(1, torch.where(rejected, tokens, vocab), 0.0)
-    residual = residual[:, :vocab]
-    bonus = _inverse_cdf(residual, final)
-    return accept, n, bonus
+        _raise_first([
+            ((coins < 0) | (coins >= 1) | coins.isnan(), "coins must lie in [0, 1)"),
+            ((final < 0) | (final >= 1) | final.isnan(), "final must lie in [0, 1)"),
+            ((tree.tokens[:, 1:] < 0) | (tree.tokens[:, 1:] >= vocab),
+             f"tree.tokens of draft nodes must lie in [0, {vocab}) (the vocab of target_probs)"),
+        ])
+    if use == "triton":
+        accept, n = _stochastic_walk_triton(tree, target_probs, coins, num_steps)
+    else:
+        accept, n = _stochastic_walk_torch(tree, target_probs, coins, num_steps)
+    return accept, n, _residual_bonus(tree, target_probs, accept, n, final, num_steps)
 
 
 def _inverse_cdf(residual: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -32,8 +32,9 @@ def start_search(p0: torch.Tensor, index0: torch.Tensor, num_steps: int) -> Tree
     bs, k = p0.shape
     region = max(num_steps - 1, 1) * k
     anc = torch.zeros((bs, k, region), dtype=torch.bool, device=p0.device)
-    anc[:, torch.arange(k), torch.arange(k)] = True                 # beam p of step 0 is entry p
-    flat = torch.arange(k, device=p0.device).expand(bs, k)
+    beams = torch.arange(k, device=p0.device)                       # device indices: capturable
+    anc[:, beams, beams] = True                                     # beam p of step 0 is entry p
+    flat = beams.expand(bs, k)
     return TreeSearch(k, num_steps, p0, index0, flat, anc, [p0], [index0], [flat])
 
 
@@ -58,7 +59,8 @@ def expand_search(search: TreeSearch, step: int, p: torch.Tensor, index: torch.T
     if step < search.num_steps - 1:
         # New beam p' inherits its parent's path and adds its own entry step*k + p'.
         anc = search.ancestors.gather(1, parent[:, :, None].expand(-1, -1, search.ancestors.shape[2])).clone()
-        anc[:, torch.arange(k), step * k + torch.arange(k)] = True
+        beams = torch.arange(k, device=p.device)
+        anc[:, beams, step * k + beams] = True
         search.ancestors = anc
         search.beam_flats.append(search.flat)
     return parent

@@ -1,0 +1,123 @@
+"""What both benchmark scripts share: the device check, the results header, markdown tables.
+
+Benchmarks measure; they never gate correctness (the test suite does that). A script that finds
+a wrong answer while timing still writes its table and then exits non-zero, so the numbers are
+kept and the problem is not missed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent       # the repository root
+DEFAULT_OUT = ROOT / "benchmarks" / "results"
+
+# `python3 benchmarks/<script>.py` puts benchmarks/ on sys.path, not the root; make the repo's
+# specverify importable without PYTHONPATH=. as well.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+
+def require_cuda(script: str) -> None:
+    """Exit with a clear message when there is no CUDA (or ROCm) device."""
+    if not torch.cuda.is_available():
+        sys.exit(f"{script}: no CUDA device (torch.cuda.is_available() is False; torch "
+                 f"{torch.__version__}). Run it on a GPU machine, or pass --cpu-smoke to check "
+                 f"the script itself on the CPU with tiny sizes and no CUDA graphs.")
+
+
+def device_name(cpu_smoke: bool) -> str:
+    return "cpu-smoke" if cpu_smoke else torch.cuda.get_device_name()
+
+
+def slug(name: str) -> str:
+    """"NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _version(*dists: str) -> str:
+    for d in dists:
+        try:
+            return importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return "not installed"
+
+
+def _git_commit() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10)
+        if rev.returncode != 0:
+            return "unknown (no git checkout)"
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return rev.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (git not available)"
+
+
+def command_line() -> str:
+    """The command that ran this script, as one could paste it again."""
+    prefix = "PYTHONPATH=. " if os.environ.get("PYTHONPATH") else ""
+    return prefix + "python3 " + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def header(title: str, cpu_smoke: bool, settings: dict[str, object]) -> list[str]:
+    """Markdown lines naming the device, versions, date, command and the run's settings."""
+    if cpu_smoke:
+        device = "CPU (--cpu-smoke: tiny sizes, no CUDA graphs; these numbers mean nothing)"
+        accel = "no accelerator"
+    else:
+        props = torch.cuda.get_device_properties(0)
+        device = f"{torch.cuda.get_device_name()} ({props.total_memory / 2**30:.0f} GiB)"
+        accel = f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"# {title}",
+        "",
+        f"- Device: {device}",
+        f"- torch {torch.__version__}, triton {_version('triton', 'pytorch-triton', 'pytorch-triton-rocm')}, "
+        f"{accel}, Python {sys.version.split()[0]}",
+        f"- Date: {now}",
+        f"- Commit: {_git_commit()}",
+        f"- Command: `{command_line()}`",
+    ]
+    lines += [f"- {k}: {v}" for k, v in settings.items()]
+    return lines + [""]
+
+
+def table(columns: list[str], rows: list[list[object]]) -> list[str]:
+    """A markdown table; numbers are expected to be formatted already."""
+    out = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def write_results(lines: list[str], out_dir: Path | None, stem: str, cpu_smoke: bool) -> None:
+    """Print the report; write it to <out_dir>/<stem>-<device slug>.md when out_dir is set."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out_dir is None:
+        print("(--cpu-smoke without --out: nothing written)")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}-{slug(device_name(cpu_smoke))}.md"
+    path.write_text(text)
+    print(f"wrote {path}")
+
+
+def out_dir(arg: str | None, cpu_smoke: bool) -> Path | None:
+    """--out, else benchmarks/results; a CPU smoke run writes only where --out says."""
+    if arg is not None:
+        return Path(arg)
+    return None if cpu_smoke else DEFAULT_OUT
