@@ -30,6 +30,7 @@ import argparse
 import statistics
 import sys
 import time
+import traceback
 
 from _common import header, out_dir, require_cuda, table, write_results  # puts the repo root on sys.path
 
@@ -82,6 +83,7 @@ def run_mode(models, prompts, max_new: int, use_graph: bool, repeats: int, devic
         first_ms, out = timed(call, device)
         times = [timed(call, device)[0] for _ in range(repeats)]
     except Exception as e:  # a failing mode is reported in the table, the other still runs
+        traceback.print_exc()
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
     accepts = [a for per_req in out.accept_lengths for a in per_req]
     return {"first_ms": first_ms, "ms": statistics.median(times), "tokens": out.tokens,
@@ -108,31 +110,43 @@ def _ms(x: float) -> str:
     return f"{x:.2f}"
 
 
-def rows_for(results: list[dict]) -> tuple[list[list], list[list], bool]:
-    """The main and the breakdown table rows; and whether every batch ran clean and matched."""
-    main, detail, ok = [], [], True
+def _pair(e: dict, g: dict, fmt) -> str:
+    """One figure of both modes: "x" when they agree, "eager / graph" when not, "-" where failed."""
+    vals = [fmt(m) for m in (e, g) if "error" not in m]
+    if not vals:
+        return "-"
+    return vals[0] if len(set(vals)) == 1 else " / ".join(vals)
+
+
+def rows_for(results: list[dict]) -> tuple[list[list], list[list], list[str], bool]:
+    """The main and the breakdown table rows, error notes, and whether all ran clean and matched."""
+    main, detail, errors, ok = [], [], [], True
     for r in results:
-        e, g = r["eager"], r["graph"]
-        if "error" in e or "error" in g:
-            ok = False
-            err = "; ".join(f"{m}: {x['error']}" for m, x in (("eager", e), ("graph", g)) if "error" in x)
-            main.append([r["bs"], "-", "-", "-", "-", "-", "-", "-", f"**error** {err}"])
-            continue
-        same = e["tokens"] == g["tokens"]
+        bs, e, g, o = r["bs"], r["eager"], r["graph"], r["oracle_ms"]
+        for mode, m in (("eager", e), ("graph", g)):
+            if "error" in m:
+                errors.append(f"- bs={bs}, {mode}: `{m['error']}`")
+                ok = False
+
+        def col(m, fn):
+            return "error" if "error" in m else fn(m)
+        per_cycle = lambda m: m["ms"] / m["cycles"]                      # noqa: E731
+        net = lambda m: (m["ms"] - o) / m["cycles"]                       # noqa: E731
+        both = "error" not in e and "error" not in g
+        same = both and e["tokens"] == g["tokens"]
         ok = ok and same
-        accept = f"{e['mean_accept']:.2f}"
-        if e["accept_lengths"] != g["accept_lengths"]:
-            accept += f" / {g['mean_accept']:.2f}"
-        cycles = str(e["cycles"]) if e["cycles"] == g["cycles"] else f"{e['cycles']} / {g['cycles']}"
-        e_cyc, g_cyc = e["ms"] / e["cycles"], g["ms"] / g["cycles"]
-        main.append([r["bs"], cycles, accept, _ms(e_cyc), _ms(g_cyc), f"{e_cyc / g_cyc:.2f}x",
-                     f"{e['emitted'] / e['ms'] * 1e3:.0f}", f"{g['emitted'] / g['ms'] * 1e3:.0f}",
-                     "yes" if same else "**NO**"])
-        o = r["oracle_ms"]
-        e_net, g_net = (e["ms"] - o) / e["cycles"], (g["ms"] - o) / g["cycles"]
-        detail.append([r["bs"], _ms(e["ms"]), _ms(g["ms"]), _ms(o), _ms(e_net), _ms(g_net),
-                       f"{e_net / g_net:.2f}x" if g_net > 0 else "-", _ms(e["first_ms"]), _ms(g["first_ms"])])
-    return main, detail, ok
+        main.append([bs, _pair(e, g, lambda m: str(m["cycles"])),
+                     _pair(e, g, lambda m: f"{m['mean_accept']:.2f}"),
+                     col(e, lambda m: _ms(per_cycle(m))), col(g, lambda m: _ms(per_cycle(m))),
+                     f"{per_cycle(e) / per_cycle(g):.2f}x" if both else "-",
+                     col(e, lambda m: f"{m['emitted'] / m['ms'] * 1e3:.0f}"),
+                     col(g, lambda m: f"{m['emitted'] / m['ms'] * 1e3:.0f}"),
+                     ("yes" if same else "**NO**") if both else "-"])
+        detail.append([bs, col(e, lambda m: _ms(m["ms"])), col(g, lambda m: _ms(m["ms"])), _ms(o),
+                       col(e, lambda m: _ms(net(m))), col(g, lambda m: _ms(net(m))),
+                       f"{net(e) / net(g):.2f}x" if both and net(g) > 0 else "-",
+                       col(e, lambda m: _ms(m["first_ms"])), col(g, lambda m: _ms(m["first_ms"]))])
+    return main, detail, errors, ok
 
 
 def parse_args(argv=None):
@@ -174,7 +188,7 @@ def main(argv=None) -> int:
         said = {m: f"{r[m]['ms']:.1f} ms" if "ms" in r[m] else r[m]["error"] for m in ("eager", "graph")}
         print(f"  bs={bs}: pre-run {r['oracle_ms']:.1f} ms, eager {said['eager']}, graph {said['graph']}",
               file=sys.stderr, flush=True)
-    main_rows, detail_rows, ok = rows_for(results)
+    main_rows, detail_rows, errors, ok = rows_for(results)
     cfg = models.config
     graph_mode = ("`cuda_graph=False` (the CPU has no graphs: both columns are eager)" if args.cpu_smoke
                   else "`cuda_graph=True`")
@@ -191,8 +205,11 @@ def main(argv=None) -> int:
     lines += table(["bs", "cycles", "mean accept", "eager ms/cycle", "graph ms/cycle", "graph speed-up",
                     "eager tok/s", "graph tok/s", "same tokens"], main_rows)
     lines += ["", "ms/cycle = generate call time / cycles (prefill and the agreement pre-run included); "
-              "mean accept = tokens emitted per request per cycle (shown as eager / graph when they differ).",
-              "", "## Where the time goes", ""]
+              "mean accept = tokens emitted per request per cycle (cycles and mean accept read "
+              "eager / graph when the two differ)."]
+    if errors:
+        lines += ["", "Errors (the first line of each):", ""] + errors
+    lines += ["", "## Where the time goes", ""]
     lines += table(["bs", "eager call ms", "graph call ms", "pre-run ms (est.)", "eager ms/cycle net",
                     "graph ms/cycle net", "speed-up net", "eager 1st call ms", "graph 1st call ms"],
                    detail_rows)

@@ -152,7 +152,11 @@ def quantize_fp8(x: torch.Tensor, dtype: str | torch.dtype, scale) -> torch.Tens
     """
     info = _fp8_info(dtype, "dtype")
     _check_float_tensor(x, "x")
-    s = _scale_tensor(scale, x)
+    return _quantize(x, info, _scale_tensor(scale, x))
+
+
+def _quantize(x: torch.Tensor, info: DtypeInfo, s: torch.Tensor) -> torch.Tensor:
+    """quantize_fp8 after validation: s is a float32 tensor on x's device."""
     y = x.to(torch.float32) / s                                  # [...] float32
     y = torch.clamp(y, -info.max_finite, info.max_finite)        # saturate; NaN passes through
     if not info.has_negative_zero:
@@ -212,7 +216,7 @@ def to_logits_dtype(logits: torch.Tensor, dtype: str | torch.dtype, *, scale_mod
         ones = torch.ones((*logits.shape[:-1], 1), dtype=torch.float32, device=logits.device)
         return logits.to(info.torch_dtype), ones
     scale = logits_scale(logits, info.name, mode=scale_mode, static_scale=static_scale)
-    return quantize_fp8(logits, info.name, scale), scale
+    return _quantize(logits, info, scale), scale          # a scale made here needs no checking
 
 
 def upcast_logits(values: torch.Tensor) -> torch.Tensor:

@@ -382,9 +382,13 @@ LEAF1 = [0.25, 0, 0, 0.25, 0.5, 0, 0, 0]          # cumulative 0.25, 0.25, 0.25,
 
 
 def stochastic(probs, coins, final, tokens=(0, 1, 2, 3, 4), case=CASE_AB, request=0, num_steps=3):
+    """Both implementations of the walk on one request; they must agree, the result is returned."""
     tree = tree_ab_tokens(list(tokens), case, request)
-    got = verify_stochastic(tree, probs, f64([coins]), f64([final]), num_steps=num_steps)
-    return [x.tolist()[0] for x in got]
+    results = [[x.tolist()[0] for x in verify_stochastic(tree, probs, f64([coins]), f64([final]),
+                                                         num_steps=num_steps, impl=impl)]
+               for impl in IMPLS]
+    assert results[0] == results[1], f"torch {results[0]} != triton {results[1]}"
+    return results[0]
 
 
 def test_stochastic_strict_acceptance_boundary():
@@ -449,9 +453,34 @@ def test_stochastic_batch_and_chain():
     p[0, 0, 1] = p[0, 1, 2] = p[0, 2, 3] = 1.0        # request 0 accepts everything (coins < 1)
     p[0, 3, 7] = 1.0
     p[1, 0, 4], p[1, 0, 0] = 0.5, 0.5                 # request 1: coin 0.5 rejects node 1 (acc 0.5)
-    got = verify_stochastic(tree, p.to(DEV), f64([[0.9, 0.9, 0.9, 0.9], [0.5, 0, 0, 0]]), f64([0.1, 0.7]),
-                            num_steps=3)
-    assert [x.tolist() for x in got] == [[[0, 1, 2, 3], [0, -1, -1, -1]], [3, 0], [7, 0]]
+    for impl in IMPLS:
+        got = verify_stochastic(tree, p.to(DEV), f64([[0.9, 0.9, 0.9, 0.9], [0.5, 0, 0, 0]]), f64([0.1, 0.7]),
+                                num_steps=3, impl=impl)
+        assert [x.tolist() for x in got] == [[[0, 1, 2, 3], [0, -1, -1, -1]], [3, 0], [7, 0]], impl
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_verify_stochastic_random_triton_equals_torch(seed):
+    gen = torch.Generator().manual_seed(100 + seed)
+    k, steps, d, bs, vocab = [(2, 3, 6, 4, 3), (3, 3, 8, 4, 5), (1, 5, 6, 3, 2)][seed % 3]
+    source = arbitrary_kept if seed >= 3 and k > 1 else draft_from_scores
+    kept_flat, kept_tokens, beam_flat = source(bs, k, steps, d, gen, vocab)
+    tree = build_tree(t([0] * bs), kept_flat, kept_tokens, beam_flat, t([5] * bs), topk=k, num_steps=steps)
+    for trial in range(4):
+        # Coarse probabilities (multiples of 1/8, some zero) and coins on the same grid make exact
+        # ties between u and acc frequent.
+        probs = torch.randint(0, 3, (bs, d, vocab), generator=gen).to(torch.float64)
+        probs = (probs / probs.sum(-1, keepdim=True).clamp(min=1)).to(DEV)
+        coins = (torch.randint(0, 8, (bs, d), generator=gen) / 8).to(torch.float64).to(DEV)
+        final = torch.rand(bs, generator=gen, dtype=torch.float64).to(DEV)
+        a = verify_stochastic(tree, probs, coins, final, num_steps=steps, impl="torch")
+        b = verify_stochastic(tree, probs, coins, final, num_steps=steps, impl="triton")
+        for x, y, what in zip(a, b, ("accept_nodes", "num_correct", "bonus")):
+            assert torch.equal(x, y), f"trial {trial} {what}: torch {x.tolist()} triton {y.tolist()}"
+        for r in range(bs):                  # an accepted path is a parent chain from the root
+            path = [j for j in a[0][r].tolist() if j >= 0]
+            assert path[0] == 0 and len(path) == a[1][r].item() + 1
+            assert all(tree.parents[r, ch].item() == par for par, ch in zip(path, path[1:]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -578,7 +607,8 @@ def test_cuda_graph_replay_equals_eager():
         outs += [getattr(torch_tree, n) for n in ("parents", "positions", "mask")]
         outs += list(verify_greedy(tree, x["predict"], num_steps=steps, impl="triton"))
         outs += list(verify_greedy(tree, x["predict"], num_steps=steps, impl="torch"))
-        outs += list(verify_stochastic(tree, x["probs"], x["coins"], x["final"], num_steps=steps))
+        outs += list(verify_stochastic(tree, x["probs"], x["coins"], x["final"], num_steps=steps, impl="triton"))
+        outs += list(verify_stochastic(tree, x["probs"], x["coins"], x["final"], num_steps=steps, impl="torch"))
         return outs
 
     static = fresh()

@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 import pytest
+
+from tests.support.stats import chi_square_pvalue, upper_gamma_q  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,68 +38,6 @@ T, F = True, False
 def below(x: float) -> float:
     """The largest float64 below x."""
     return float(np.nextafter(x, -np.inf))
-
-
-# ---------------------------------------------------------------------------------------------
-# chi-square upper tail, written here (scipy is not installed)
-#
-# P(chi2_df > x) = Q(df/2, x/2), the regularized upper incomplete gamma function. Q(a, z) is
-# computed exactly up to float64 rounding (no Wilson-Hilferty approximation): for z < a + 1 by
-# the power series of the lower function, gamma(a, z) = z^a e^-z sum_n z^n / (a (a+1) ... (a+n)),
-# Q = 1 - P; otherwise by Legendre's continued fraction for the upper function,
-# Gamma(a, z) = e^-z z^a / (z + 1 - a - 1(1-a)/(z + 3 - a - 2(2-a)/(z + 5 - a - ...))),
-# evaluated with the modified Lentz method.
-
-
-def _prefactor(a: float, z: float) -> float:
-    return math.exp(-z + a * math.log(z) - math.lgamma(a))
-
-
-def upper_gamma_q(a: float, z: float) -> float:
-    if z <= 0.0:
-        return 1.0
-    if z < a + 1.0:
-        term = 1.0 / a
-        total = term
-        n = 1
-        while abs(term) > abs(total) * 1e-17 and n < 10_000:
-            term = term * z / (a + n)
-            total = total + term
-            n = n + 1
-        return 1.0 - total * _prefactor(a, z)
-    tiny = 1e-300
-    b = z + 1.0 - a
-    c = 1.0 / tiny
-    d = 1.0 / b
-    h = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b = b + 2.0
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1.0 / d
-        delta = d * c
-        h = h * delta
-        if abs(delta - 1.0) < 1e-16:
-            break
-    return _prefactor(a, z) * h
-
-
-def chi_square_pvalue(observed: list[int], expected: list[float]) -> tuple[float, float, int]:
-    """(statistic, upper-tail p-value, df) of Pearson's chi-square over the given cells."""
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
-    df = len(observed) - 1
-    return stat, upper_gamma_q(df / 2.0, stat / 2.0), df
-
-
-@pytest.mark.parametrize("x", [0.01, 0.5, 1.0, 3.0, 10.0, 30.0, 60.0])
-def test_chi_square_tail_matches_closed_forms(x):
-    # df = 2: the tail is exp(-x/2); df = 1: erfc(sqrt(x/2)); df = 4: exp(-x/2) (1 + x/2)
-    assert upper_gamma_q(1.0, x / 2) == pytest.approx(math.exp(-x / 2), rel=1e-12)
-    assert upper_gamma_q(0.5, x / 2) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-10)
-    assert upper_gamma_q(2.0, x / 2) == pytest.approx(math.exp(-x / 2) * (1 + x / 2), rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -112,7 +112,8 @@ def emit_tokens(reqs: list[Request], logits: torch.Tensor, scale: torch.Tensor, 
 
 def generate_target_only(models: Models, reqs: list[Request], params: SamplingParams, *,
                          eos_token_id: int | None, num_logprobs: int, page_size: int) -> None:
-    cache = models.target.new_cache(max_requests=len(reqs), page_size=page_size, with_draft=False)
+    cache = models.target.new_cache(max_requests=len(reqs), page_size=page_size, with_draft=False,
+                                    num_pages=pages_needed([len(r.prompt) + r.max_new_tokens for r in reqs], page_size))
     for r in reqs:
         r.row = cache.table.alloc_row()
     logits, scale = run_extend(models, cache, reqs, [r.prompt for r in reqs])
@@ -122,6 +123,11 @@ def generate_target_only(models: Models, reqs: list[Request], params: SamplingPa
         logits, scale = run_extend(models, cache, running, [[r.last_token] for r in running])
         emit_tokens(running, logits, scale, params, eos_token_id, num_logprobs)
         running = [r for r in running if not _retire(cache, r)]
+
+
+def pages_needed(lengths: list[int], page_size: int) -> int:
+    """Pool size for requests that grow to `lengths` cache entries (page 0 is reserved)."""
+    return 1 + sum(-(-n // page_size) for n in lengths)
 
 
 def _retire(cache: ModelCache, r: Request) -> bool:

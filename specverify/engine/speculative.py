@@ -15,7 +15,8 @@ import dataclasses
 
 import torch
 
-from specverify.engine.generate import GenerationOutput, Request, emit_tokens, generate_target_only, new_requests
+from specverify.engine.generate import (GenerationOutput, Request, emit_tokens, generate_target_only,
+                                        new_requests, pages_needed)
 from specverify.engine.logprobs import logprob_records
 from specverify.engine.sampling import SamplingParams, sampling_probs
 from specverify.kernels.tree import DraftTree, build_tree
@@ -93,8 +94,10 @@ class SpecDecoder:
     # -- set-up -------------------------------------------------------------------------
     def start(self, reqs: list[SpecRequest]) -> None:
         self.reqs = reqs
-        self.cache: ModelCache = self.models.target.new_cache(max_requests=len(reqs) + 1,
-                                                              page_size=self.config.page_size)
+        lengths = [len(r.prompt) + r.max_new_tokens + self.region + 1 for r in reqs]
+        self.cache: ModelCache = self.models.target.new_cache(
+            max_requests=len(reqs) + 1, page_size=self.config.page_size,
+            num_pages=pages_needed(lengths, self.config.page_size))
         self.pad_row = self.cache.table.alloc_row()       # owns no page: padded lanes read and write the sink
         for r in reqs:
             r.row = self.cache.table.alloc_row()
@@ -356,7 +359,7 @@ def generate_speculative(models: Models, prompts, budgets: list[int], spec: Spec
     reqs = new_requests(prompts, budgets, seed, cls=SpecRequest)
     for r in reqs:
         r.spec_gen = torch.Generator("cpu").manual_seed(seed * 1_000_003 + r.index + SPEC_STREAM_SALT)
-    if models.draft.agreement is not None and params.greedy:
+    if models.draft.agreement is not None:
         attach_oracle(models, reqs, region)
     decoder = SpecDecoder(models, spec, params, eos_token_id=eos_token_id, num_logprobs=num_logprobs,
                           platform=platform, static_shapes=static_shapes)
@@ -369,7 +372,8 @@ def generate_speculative(models: Models, prompts, budgets: list[int], spec: Spec
 
 def attach_oracle(models: Models, reqs: list[SpecRequest], region: int) -> None:
     """Give each request the target's greedy sequence (prompt + continuation past its budget), so
-    a draft head with an agreement knob knows the token it should propose."""
+    a draft head with an agreement knob knows the token it should propose. Under sampling the
+    knob steers towards the greedy path while the sampled sequence stays on it."""
     ctx = models.config.max_context
     budgets = [min(r.max_new_tokens + region + 1, ctx - len(r.prompt)) for r in reqs]
     look = [Request(r.index, r.prompt, n, torch.zeros(n, dtype=torch.float64)) for r, n in zip(reqs, budgets)]

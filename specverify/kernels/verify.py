@@ -88,8 +88,8 @@ def _verify_greedy_kernel(
         side = tl.load(next_sibling_ptr + b * stride_ns0 + child * stride_ns1, mask=in_row, other=-1)
         hit = tok == target
         n = n + hit.to(tl.int32)
-        accepted = tl.where(hit & (w == n), child, accepted)
         cur = tl.where(hit, child, cur)
+        accepted = tl.where(w == n, cur, accepted)       # slot n holds cur already unless it moved
         target = tl.load(predict_ptr + b * stride_tp0 + cur * stride_tp1)
         child = tl.where(hit, down, side)
         hops = hops + 1
@@ -193,8 +193,8 @@ def _stochastic_walk_kernel(
         acc = acc + p
         take = u < acc
         n = n + take.to(tl.int32)
-        accepted = tl.where(take & (w == n), child, accepted)
         cur = tl.where(take, child, cur)
+        accepted = tl.where(w == n, cur, accepted)       # slot n holds cur already unless it moved
         u = tl.where(take, coin, u)
         acc = tl.where(take, 0.0, acc)
         child = tl.where(take, down, side)
