@@ -54,6 +54,9 @@ def _version(*dists: str) -> str:
 
 
 def _git_commit() -> str:
+    """$BENCH_COMMIT when set (for a tree copied without its .git), else HEAD of the checkout."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"] + " (from $BENCH_COMMIT)"
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True, timeout=10)

@@ -187,6 +187,19 @@ def test_build_tree_root_only_and_empty_batch(impl):
     assert none.tokens.shape == (0, 3) and none.mask.shape == (0, 3, 3)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_build_tree_unvalidated_inputs_stay_in_bounds(impl):
+    # Inside a graph capture nothing checks values. Out-of-range flats (-1, 10, 99 of 10 candidates)
+    # become orphans instead of reading past beam_flat; a beam pointing nowhere orphans its children.
+    builder = tree_mod._build_tree_triton if impl == "triton" else tree_mod._build_tree_torch
+    tree = builder(t([1]), t([[-1, 0, 2, 10, 99]]), t([[3, 4, 5, 6, 7]]), t([[[0, 1], [-7, 1000]]]), t([2]),
+                   2, 3)
+    assert tree.parents.tolist() == [[-1, -1, 0, 2, -1, -1]]
+    assert tree.positions.tolist() == [[2, 3, 3, 4, 3, 3]]
+    tree = builder(t([1]), t([[0, 7]]), t([[3, 4]]), t([[[0, 1], [-7, 1000]]]), t([2]), 2, 3)
+    assert tree.parents.tolist() == [[-1, 0, -1]]
+
+
 # --------------------------------------------------------------------------------------------
 # Random trees: Triton == torch, and the structural invariants
 

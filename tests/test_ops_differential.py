@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 from specverify import dtypes
 from specverify.platform import available_profiles
-from tests.support.registry import REGISTRY, compare_outputs, replay_command
+from tests.support.registry import REGISTRY, compare_outputs, replay_command, run_impl
 
 PROFILES = available_profiles()
 
@@ -34,7 +34,7 @@ def _cases(test: str):
 def test_differential(op, profile, dtype, seed):
     """Named edge cases and seeded random samples: optimized == reference."""
     for i, sample in enumerate(op.samples(dtype, seed)):
-        got, want = op.impl(sample, profile), op.ref(sample)
+        got, want = run_impl(op, sample, profile), op.ref(sample)
         try:
             compare_outputs(op, got, want, f"{op.name} sample {i}")
         except AssertionError as err:
@@ -47,7 +47,7 @@ def test_differential(op, profile, dtype, seed):
 def test_property(op, profile, dtype, data):
     """Hypothesis inputs: optimized == reference."""
     sample = data.draw(op.recipe(dtype), label="sample")
-    compare_outputs(op, op.impl(sample, profile), op.ref(sample), f"{op.name} {sample.summary()}")
+    compare_outputs(op, run_impl(op, sample, profile), op.ref(sample), f"{op.name} {sample.summary()}")
 
 
 @pytest.mark.parametrize("op", list(REGISTRY.values()), ids=list(REGISTRY))

@@ -126,7 +126,10 @@ def _build_tree_kernel(
     seq_len = tl.load(seq_lens_ptr + b * stride_sl0)
 
     # Parent beam of a candidate of step i >= 1: beam p of step i - 1, p = ((f - k) % k^2) // k.
-    later = drafted & (flat >= topk)
+    # (Validation keeps f below the candidate count; inside a graph capture it cannot, so an f past
+    # the count reads nothing and leaves an orphan rather than reading past beam_flat.)
+    first = drafted & (flat >= 0) & (flat < topk)
+    later = drafted & (flat >= topk) & (flat < topk + (num_steps - 1) * topk * topk)
     rel = tl.where(later, flat - topk, 0)
     step = 1 + rel // (topk * topk)
     beam = (rel % (topk * topk)) // topk
@@ -136,7 +139,7 @@ def _build_tree_kernel(
     # Its node: the kept entry with that flat index (only the D - 1 real entries are scanned).
     hit = (parent_flat[:, None] == flat[None, :]) & later[:, None] & drafted[None, :]
     found = tl.min(tl.where(hit, node[None, :], BLOCK_D), axis=1)
-    parent = tl.where(later, tl.where(found < BLOCK_D, found, -1), tl.where(drafted, 0, -1))
+    parent = tl.where(later, tl.where(found < BLOCK_D, found, -1), tl.where(first, 0, -1))
 
     # Ancestor sets: self and root, then S hops up the parent chain (a chain has at most S nodes).
     sees = (node[None, :] == node[:, None]) | ((node[None, :] == 0) & valid[:, None])
@@ -213,18 +216,19 @@ def _build_tree_torch(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, 
     node = torch.arange(d, device=device)                                      # [D]
     k2 = topk * topk
 
-    later = kept_flat >= topk                                                  # [bs, D-1]
+    first = (kept_flat >= 0) & (kept_flat < topk)                               # [bs, D-1] step 0
+    later = (kept_flat >= topk) & (kept_flat < num_candidates(topk, num_steps))   # steps >= 1 (see the kernel)
     rel = torch.where(later, kept_flat - topk, torch.zeros_like(kept_flat))
     step = 1 + torch.div(rel, k2, rounding_mode="floor")
     beam = torch.div(rel % k2, topk, rounding_mode="floor")
     col = torch.where(later, (step - 1) * topk + beam, torch.zeros_like(rel))
     if beam_flat.numel():
         parent_flat = beam_flat.reshape(bs, (num_steps - 1) * topk).gather(1, col)
-    else:                                                                      # S == 1: all parents are the root
+    else:                                                                      # S == 1: no step >= 1 candidates
         parent_flat = torch.full_like(kept_flat, -1)
     hit = (parent_flat[:, :, None] == kept_flat[:, None, :]) & later[:, :, None]   # [bs, D-1, D-1]
     found = torch.where(hit, node[None, None, 1:], d).amin(-1) if d > 1 else torch.empty_like(kept_flat)
-    drafted_parent = torch.where(later, torch.where(found < d, found, -1), torch.zeros_like(kept_flat))
+    drafted_parent = torch.where(later, torch.where(found < d, found, -1), torch.where(first, 0, -1))
     parents = torch.cat([torch.full((bs, 1), -1, dtype=torch.int64, device=device), drafted_parent], dim=1)
 
     sees = (node[:, None] == node[None, :]) | (node[None, :] == 0)                # [D, D] self + root

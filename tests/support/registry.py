@@ -106,6 +106,23 @@ class OpSpec:
         return None
 
 
+def on_device(value, device):
+    """Move every tensor inside a sample's args (dicts and lists too) to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: on_device(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [on_device(v, device) for v in value]
+    return value
+
+
+def run_impl(op: "OpSpec", sample: SampleInput, profile) -> dict:
+    """The optimized op on the profile's device; outputs come back to the CPU."""
+    moved = dataclasses.replace(sample, args=on_device(sample.args, profile.device))
+    return {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in op.impl(moved, profile).items()}
+
+
 def replay_command(test: str, op: str, profile: str, dtype: str, sample: SampleInput) -> str:
     return (f"SPECVERIFY_PLATFORM={profile} python -m pytest 'tests/test_ops_differential.py::{test}"
             f"[{op}-{profile}-{dtype}]'  # failing sample: {sample.summary()}")
