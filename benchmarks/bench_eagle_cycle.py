@@ -130,8 +130,12 @@ def rows_for(results: list[dict]) -> tuple[list[list], list[list], list[str], bo
 
         def col(m, fn):
             return "error" if "error" in m else fn(m)
-        per_cycle = lambda m: m["ms"] / m["cycles"]                      # noqa: E731
-        net = lambda m: (m["ms"] - o) / m["cycles"]                       # noqa: E731
+
+        def per_cycle(m):
+            return m["ms"] / m["cycles"]
+
+        def net(m):                                  # per cycle, the pre-run taken out
+            return (m["ms"] - o) / m["cycles"]
         both = "error" not in e and "error" not in g
         same = both and e["tokens"] == g["tokens"]
         ok = ok and same

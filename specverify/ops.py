@@ -11,6 +11,7 @@ from specverify import dtypes
 from specverify.platform import PlatformProfile, resolve
 
 
+NATIVE_ARGMAX_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
 LOGITS_TORCH_DTYPES = {dtypes.dtype_info(d).torch_dtype for d in dtypes.LOGITS_DTYPES}
 
 
@@ -60,9 +61,12 @@ def select_draft_topk(logits: torch.Tensor, topk: int, *, platform: PlatformProf
     if scale is not None and scale.shape != (logits.shape[0], 1):
         raise ValueError(f"scale must have shape [{logits.shape[0]}, 1], got {tuple(scale.shape)}")
     profile = resolve(platform)
-    x = logits.float()
     if topk == 1 and profile.argmax_fast_path:
+        # float16 / bfloat16 / float32 upcast exactly and monotonically: their own argmax is the
+        # argmax of the upcast, without the copy. torch has no argmax for FP8: upcast those.
+        x = logits if logits.dtype in NATIVE_ARGMAX_DTYPES else logits.float()
         index = torch.argmax(x, dim=-1, keepdim=True)
         return torch.ones(index.shape, dtype=torch.float32, device=x.device), index
+    x = logits.float()
     probs = torch.softmax(x if scale is None else x * scale, dim=-1)
     return topk_stable(probs, topk)

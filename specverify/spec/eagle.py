@@ -27,13 +27,18 @@ class TreeSearch:
     beam_flats: list              # per step 0..S-2: [bs, k] flat index of the beams chosen there
 
 
+def _own_entry(beams: torch.Tensor, offset: int, region: int) -> torch.Tensor:
+    """[k, region] bool: beam p's own draft-region entry offset + p (pure tensor ops, so no
+    host-to-device copy happens inside a graph capture)."""
+    return torch.arange(region, device=beams.device)[None, :] == (offset + beams)[:, None]
+
+
 def start_search(p0: torch.Tensor, index0: torch.Tensor, num_steps: int) -> TreeSearch:
     """Step 0: p0 / index0 [bs, k] are the top-k of the draft-extend's last row."""
     bs, k = p0.shape
     region = max(num_steps - 1, 1) * k
-    anc = torch.zeros((bs, k, region), dtype=torch.bool, device=p0.device)
-    beams = torch.arange(k, device=p0.device)                       # device indices: capturable
-    anc[:, beams, beams] = True                                     # beam p of step 0 is entry p
+    beams = torch.arange(k, device=p0.device)
+    anc = _own_entry(beams, 0, region).expand(bs, k, region)        # beam p of step 0 is entry p
     flat = beams.expand(bs, k)
     return TreeSearch(k, num_steps, p0, index0, flat, anc, [p0], [index0], [flat])
 
@@ -58,10 +63,9 @@ def expand_search(search: TreeSearch, step: int, p: torch.Tensor, index: torch.T
     search.flat = base + chosen
     if step < search.num_steps - 1:
         # New beam p' inherits its parent's path and adds its own entry step*k + p'.
-        anc = search.ancestors.gather(1, parent[:, :, None].expand(-1, -1, search.ancestors.shape[2])).clone()
-        beams = torch.arange(k, device=p.device)
-        anc[:, beams, step * k + beams] = True
-        search.ancestors = anc
+        region = search.ancestors.shape[2]
+        inherited = search.ancestors.gather(1, parent[:, :, None].expand(-1, -1, region))
+        search.ancestors = inherited | _own_entry(torch.arange(k, device=p.device), step * k, region)
         search.beam_flats.append(search.flat)
     return parent
 
