@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 
 from specverify import dtypes
+from specverify.kernels.argmax import row_argmax
 from specverify.platform import PlatformProfile, resolve
 
 
-NATIVE_ARGMAX_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
 LOGITS_TORCH_DTYPES = {dtypes.dtype_info(d).torch_dtype for d in dtypes.LOGITS_DTYPES}
 
 
@@ -62,11 +62,10 @@ def select_draft_topk(logits: torch.Tensor, topk: int, *, platform: PlatformProf
         raise ValueError(f"scale must have shape [{logits.shape[0]}, 1], got {tuple(scale.shape)}")
     profile = resolve(platform)
     if topk == 1 and profile.argmax_fast_path:
-        # float16 / bfloat16 / float32 upcast exactly and monotonically: their own argmax is the
-        # argmax of the upcast, without the copy. torch has no argmax for FP8: upcast those.
-        x = logits if logits.dtype in NATIVE_ARGMAX_DTYPES else logits.float()
-        index = torch.argmax(x, dim=-1, keepdim=True)
-        return torch.ones(index.shape, dtype=torch.float32, device=x.device), index
+        # A vocab-split Triton argmax on CUDA (FP8 upcast in the kernel, no float32 copy);
+        # torch.argmax elsewhere. Both return the first maximal index of the upcast.
+        index = row_argmax(logits)
+        return torch.ones(index.shape, dtype=torch.float32, device=logits.device), index
     x = logits.float()
     probs = torch.softmax(x if scale is None else x * scale, dim=-1)
     return topk_stable(probs, topk)

@@ -1,0 +1,94 @@
+"""Row argmax with the tie contract (first maximal index of the float32 upcast), split over the
+vocabulary so one row uses many programs.
+
+Stage 1: grid (rows, blocks); each program reduces BLOCK_V columns of one row to its maximum and
+the first column holding it. Stage 2: grid (rows,); the first block holding the row maximum wins,
+so ties across blocks also go to the lowest index. FP8 logits are upcast inside the kernel (no
+float32 copy of the row). NaN counts as larger than everything, as in torch.argmax.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _block_argmax_kernel(
+    x_ptr, part_val_ptr, part_idx_ptr,
+    vocab, num_blocks,
+    stride_xn, stride_pn,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    cols = blk * BLOCK_V + tl.arange(0, BLOCK_V)
+    live = cols < vocab
+    x = tl.load(x_ptr + row * stride_xn + cols, mask=live, other=0.0).to(tl.float32)
+    x = tl.where(x != x, float("inf"), x)          # NaN ranks above every number
+    # Padding is set after the upcast: an FP8 format without -inf cannot carry it through a load.
+    x = tl.where(live, x, float("-inf"))
+    best = tl.max(x, axis=0)
+    # First column holding the maximum; padded lanes get an index past every live one.
+    first = tl.min(tl.where((x == best) & live, cols, vocab + BLOCK_V), axis=0)
+    first = tl.where(first >= vocab, blk * BLOCK_V, first)     # an all -inf block: its first column
+    tl.store(part_val_ptr + row * stride_pn + blk, best)
+    tl.store(part_idx_ptr + row * stride_pn + blk, first)
+
+
+@triton.jit
+def _reduce_blocks_kernel(
+    part_val_ptr, part_idx_ptr, out_ptr,
+    num_blocks,
+    stride_pn,
+    BLOCK_B: tl.constexpr,
+):
+    row = tl.program_id(0)
+    blks = tl.arange(0, BLOCK_B)
+    live = blks < num_blocks
+    vals = tl.load(part_val_ptr + row * stride_pn + blks, mask=live, other=float("-inf"))
+    idx = tl.load(part_idx_ptr + row * stride_pn + blks, mask=live, other=0)
+    best = tl.max(vals, axis=0)
+    winner = tl.min(tl.where((vals == best) & live, blks, BLOCK_B), axis=0)
+    tl.store(out_ptr + row, tl.sum(tl.where(blks == winner, idx, 0), axis=0))
+
+
+def _triton_runs(device: torch.device) -> bool:
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096) -> torch.Tensor:
+    """First maximal index of each row of the float32 upcast. x: [N, V] -> [N, 1] int64.
+
+    impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere).
+    """
+    if x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"x must be [N, V] with V >= 1, got shape {tuple(x.shape)}")
+    if impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
+    if impl == "auto":
+        impl = "triton" if x.device.type == "cuda" else "torch"
+    if impl == "torch":
+        return torch.argmax(x if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else x.float(),
+                            dim=-1, keepdim=True)
+    if not _triton_runs(x.device):
+        raise RuntimeError("row_argmax(impl='triton') on CPU tensors needs TRITON_INTERPRET=1")
+    if x.dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
+        x = x.float()           # Triton reads the fnuz formats natively on ROCm only
+    x = x if x.stride(1) == 1 else x.contiguous()
+    n, vocab = x.shape
+    block_v = min(block_v, triton.next_power_of_2(vocab))
+    num_blocks = triton.cdiv(vocab, block_v)
+    part_val = torch.empty((n, num_blocks), dtype=torch.float32, device=x.device)
+    part_idx = torch.empty((n, num_blocks), dtype=torch.int64, device=x.device)
+    out = torch.empty((n, 1), dtype=torch.int64, device=x.device)
+    if n == 0:
+        return out
+    _block_argmax_kernel[(n, num_blocks)](x, part_val, part_idx, vocab, num_blocks, x.stride(0),
+                                          part_val.stride(0), BLOCK_V=block_v, num_warps=8)
+    _reduce_blocks_kernel[(n,)](part_val, part_idx, out, num_blocks, part_val.stride(0),
+                                BLOCK_B=triton.next_power_of_2(num_blocks))
+    return out
