@@ -451,6 +451,17 @@ def test_stochastic_stops_at_num_steps():
     assert stochastic(p, [0.5, 0, 0.9, 0, 0], 0.25, num_steps=1) == [[0, 2], 1, 3]
 
 
+def test_stochastic_sum_is_the_running_sum():
+    # sum(residual) is the left-to-right sum, the last value of the cumulative sum the draw walks.
+    # Leaf row [1, 2^-53 x 15]: the running sum stays 1.0, so with final just below 1 the threshold
+    # is just below 1.0 and index 0 is drawn. A pairwise sum (1 + 15 * 2^-53) would put the
+    # threshold above every cumulative value and fall back to the last positive index, 15.
+    probs = torch.zeros((1, 5, 16), dtype=torch.float64)
+    probs[0, 0, 1] = 1.0                             # the root accepts node 1 (token 1), a leaf
+    probs[0, 1] = torch.tensor([1.0] + [2.0 ** -53] * 15, dtype=torch.float64)
+    assert stochastic(probs.to(DEV), [0.5, 0, 0, 0, 0], below(1.0)) == [[0, 1, -1, -1], 1, 0]
+
+
 def test_stochastic_orphan_never_accepted():
     # Request 1 of "ab": root -> 1 -> {2, 3}; node 4 is an orphan. Tokens 1, 2, 3, 4.
     p = probs_ab(n0=[0, 0.25, 0, 0, 0.75, 0, 0, 0])

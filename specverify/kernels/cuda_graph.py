@@ -9,10 +9,12 @@ The eager path calls the same function on the same padded buffers, so the two ma
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
 
+CAPTURE_ERRORS = (RuntimeError,) + ((torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ())
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -33,6 +35,7 @@ class BucketGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.captures = 0
+        self.capture_retries = 0
 
     def _buffers(self, bucket: int) -> dict:
         if bucket not in self.static:
@@ -60,12 +63,32 @@ class BucketGraphRunner:
             for _ in range(self.warmup):
                 self.fn(buf)
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self.outputs[bucket] = self.fn(buf)
+        # Settle every pending allocator event before capturing, so nothing has to be queried
+        # while the stream captures.
+        torch.cuda.synchronize()
+        try:
+            graph = self._capture_once(buf, bucket)
+        except CAPTURE_ERRORS as first:
+            warnings.warn(f"CUDA-graph capture of bucket {bucket} failed ({str(first).splitlines()[0]}); "
+                          "retrying once from an emptied cache")
+            # Seen once on an H200 (bs=1, after many eager calls): the capture was invalidated by
+            # an earlier call. One retry from an emptied cache; a second failure is raised.
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            self.capture_retries += 1
+            try:
+                graph = self._capture_once(buf, bucket)
+            except CAPTURE_ERRORS as second:
+                raise RuntimeError(f"CUDA-graph capture of bucket {bucket} failed twice: {second}") from first
         self.pool = graph.pool()
         self.graphs[bucket] = graph
         self.captures += 1
+
+    def _capture_once(self, buf: dict, bucket: int) -> "torch.cuda.CUDAGraph":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            self.outputs[bucket] = self.fn(buf)
+        return graph
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         live = next(iter(inputs.values())).shape[0]

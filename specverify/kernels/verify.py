@@ -305,10 +305,14 @@ def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.
 
 def _inverse_cdf(residual: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """First index whose cumulative sum exceeds u * sum(residual); else the last index with
-    residual > 0; else (an all-zero residual) V - 1. residual: [bs, V] float64; u: [bs] -> [bs]."""
+    residual > 0; else (an all-zero residual) V - 1. residual: [bs, V] float64; u: [bs] -> [bs].
+
+    sum(residual) is the last value of the same cumulative sum (a left-to-right sum), so the
+    threshold never lies above the sum the draw walks."""
     vocab = residual.shape[1]
     idx = torch.arange(vocab, device=residual.device)
-    over = torch.cumsum(residual, dim=-1) > (u * residual.sum(-1))[:, None]
+    cumulative = torch.cumsum(residual, dim=-1)
+    over = cumulative > (u * cumulative[:, -1])[:, None]
     first = torch.where(over, idx, vocab).amin(-1)
     last_positive = torch.where(residual > 0, idx, -1).amax(-1)
     fallback = torch.where(last_positive >= 0, last_positive, vocab - 1)
