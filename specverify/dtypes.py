@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specverify.platform import capturing
+
 # --------------------------------------------------------------------------------------------
 # Registry
 
@@ -99,10 +101,6 @@ def _check_float_tensor(t, arg: str) -> None:
 # FP8 quantization
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 def _check_static_scale(scale) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"static_scale: expected a float, got {type(scale).__name__}")
@@ -132,7 +130,7 @@ def _scale_tensor(scale, like: torch.Tensor) -> torch.Tensor:
                              f"shape {tuple(like.shape)} (e.g. use [N, 1] for [N, V] rows)")
         # The value check reads the device; inside a CUDA-graph capture it cannot, and the
         # captured scale was checked when the eager path ran first.
-        if not _capturing() and not bool(torch.all(torch.isfinite(s) & (s > 0))):
+        if not capturing(s.device) and not bool(torch.all(torch.isfinite(s) & (s > 0))):
             raise ValueError("scale: every element must be finite and > 0 in float32")
         return s
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):

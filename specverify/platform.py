@@ -38,6 +38,14 @@ class PlatformProfile:
         return self.name
 
 
+def capturing(device: torch.device | str | None = None) -> bool:
+    """True inside a CUDA-graph capture on the current stream: no host syncs may happen then.
+    device: only a CUDA device can be capturing (None = ask CUDA if it is present)."""
+    if device is not None and torch.device(device).type != "cuda":
+        return False
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def native_platform() -> str:
     """The platform of this machine: "rocm" (a HIP build with a device), "cuda", or "cpu"."""
     if torch.cuda.is_available():

@@ -16,6 +16,8 @@ import math
 import pytest
 import torch
 
+from specverify.kernels.launch import check_launchable
+
 from specverify.kernels import DraftTree, build_tree, chain_tree, target_predict, verify_greedy, verify_stochastic
 from specverify.kernels import tree as tree_mod
 
@@ -456,10 +458,18 @@ def test_stochastic_sum_is_the_running_sum():
     # Leaf row [1, 2^-53 x 15]: the running sum stays 1.0, so with final just below 1 the threshold
     # is just below 1.0 and index 0 is drawn. A pairwise sum (1 + 15 * 2^-53) would put the
     # threshold above every cumulative value and fall back to the last positive index, 15.
+    # CPU tensors and the torch walk: torch's CPU cumsum is the left-to-right sum. (CUDA's cumsum is
+    # a parallel scan whose values differ from it by a few ulps; on this row it draws 14.)
     probs = torch.zeros((1, 5, 16), dtype=torch.float64)
     probs[0, 0, 1] = 1.0                             # the root accepts node 1 (token 1), a leaf
     probs[0, 1] = torch.tensor([1.0] + [2.0 ** -53] * 15, dtype=torch.float64)
-    assert stochastic(probs.to(DEV), [0.5, 0, 0, 0, 0], below(1.0)) == [[0, 1, -1, -1], 1, 0]
+    tree = build(CASE_AB)
+    tree = DraftTree(*(getattr(tree, f)[:1].cpu() for f in ("tokens", "parents", "positions", "mask", "first_child",
+                                                         "next_sibling", "flat_index")))
+    tree.tokens[0] = torch.arange(5)
+    got = verify_stochastic(tree, probs, torch.tensor([[0.5, 0, 0, 0, 0]], dtype=torch.float64),
+                            torch.tensor([below(1.0)], dtype=torch.float64), num_steps=3, impl="torch")
+    assert [x.tolist()[0] for x in got] == [[0, 1, -1, -1], 1, 0]
 
 
 def test_stochastic_orphan_never_accepted():
@@ -595,7 +605,7 @@ def test_verify_errors():
 
 def test_triton_without_interpreter_is_a_clear_error():
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        tree_mod._check_launchable(object(), torch.device("cpu"))
+        check_launchable(object(), torch.device("cpu"))
     if torch.cuda.is_available() and type(tree_mod._build_tree_kernel).__name__ != "InterpretedFunction":
         a = {k: v.cpu() for k, v in ab_args().items()}
         with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):

@@ -160,3 +160,17 @@ def test_spec_config_validation():
         SpecConfig(algorithm="medusa")
     with pytest.raises(ValueError, match="num_steps must be >= 1"):
         SpecConfig(num_steps=0)
+
+
+@pytest.mark.parametrize("topk,steps,d", [(1, 3, 4), (2, 3, 6), (4, 2, 7)])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_hybrid_model_is_lossless(topk, steps, d, page_size, request):
+    """Recurrent layers: the verify keeps a state per tree node and the commit keeps the last
+    accepted node's state; any mistake there changes later tokens."""
+    models = cached_models(compute_dtype="float64", hybrid=True, draft_agreement=0.6)
+    prompts, budgets = workload(3, models.config.vocab_size)
+    spec = SpecConfig(num_steps=steps, topk=topk, num_draft_tokens=d, page_size=page_size)
+    got = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets)
+    want = reference.generate(models, prompts, max_new_tokens=budgets).tokens
+    assert_tokens_equal(got.tokens, want, f"hybrid speculative greedy k={topk} S={steps} D={d}", request.node.nodeid)
+    assert any(n > 1 for lengths in got.accept_lengths for n in lengths), "some drafts must be accepted"

@@ -9,11 +9,11 @@ float32 copy of the row). NaN counts as larger than everything, as in torch.argm
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from specverify.kernels.launch import check_launchable, pick_impl
 
 
 @triton.jit
@@ -56,10 +56,6 @@ def _reduce_blocks_kernel(
     tl.store(out_ptr + row, tl.sum(tl.where(blks == winner, idx, 0), axis=0))
 
 
-def _triton_runs(device: torch.device) -> bool:
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096) -> torch.Tensor:
     """First maximal index of each row of the float32 upcast. x: [N, V] -> [N, 1] int64.
 
@@ -67,15 +63,10 @@ def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096) -> t
     """
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"x must be [N, V] with V >= 1, got shape {tuple(x.shape)}")
-    if impl not in ("auto", "triton", "torch"):
-        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
-    if impl == "auto":
-        impl = "triton" if x.device.type == "cuda" else "torch"
-    if impl == "torch":
+    if pick_impl(impl, x.device) == "torch":
         return torch.argmax(x if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else x.float(),
                             dim=-1, keepdim=True)
-    if not _triton_runs(x.device):
-        raise RuntimeError("row_argmax(impl='triton') on CPU tensors needs TRITON_INTERPRET=1")
+    check_launchable(_block_argmax_kernel, x.device)
     if x.dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
         x = x.float()           # Triton reads the fnuz formats natively on ROCm only
     x = x if x.stride(1) == 1 else x.contiguous()

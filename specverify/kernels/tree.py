@@ -26,7 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-IMPLS = ("auto", "triton", "torch")
+from specverify.kernels.launch import check_launchable, check_tensor, pick_impl
+from specverify.platform import capturing
+
 
 
 @dataclass
@@ -50,44 +52,6 @@ class DraftTree:
     @property
     def device(self) -> torch.device:
         return self.tokens.device
-
-
-# --------------------------------------------------------------------------------------------
-# Shared wrapper helpers (verify.py uses them too)
-
-
-def _capturing(device: torch.device) -> bool:
-    """True inside a CUDA-graph capture on this device's current stream: no host syncs then."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def _check_tensor(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device | None) -> None:
-    """Raise a ValueError naming `name` unless t is a tensor of this shape, dtype and device."""
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs on one device)")
-
-
-def _pick_impl(impl: str, device: torch.device) -> str:
-    """"auto" is Triton for GPU tensors and torch on the CPU (where Triton is only interpreted)."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    return impl
-
-
-def _check_launchable(kernel, device: torch.device) -> None:
-    """CPU tensors can only go to an interpreted kernel (TRITON_INTERPRET=1 before triton loads)."""
-    if device.type != "cuda" and type(kernel).__name__ != "InterpretedFunction":
-        raise RuntimeError(
-            f"impl='triton' on {device} tensors needs the Triton interpreter: set TRITON_INTERPRET=1 "
-            f"before triton is imported, or pass CUDA tensors, or use impl='torch'")
 
 
 def _block(n: int) -> int:
@@ -172,7 +136,7 @@ def _build_tree_kernel(
 def _build_tree_triton(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, topk, num_steps) -> DraftTree:
     bs, d = kept_flat.shape[0], kept_flat.shape[1] + 1
     device = kept_flat.device
-    _check_launchable(_build_tree_kernel, device)
+    check_launchable(_build_tree_kernel, device)
     tree = _empty_tree(bs, d, device)
     if bs == 0:
         return tree
@@ -277,11 +241,11 @@ def _validate_build(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, to
                          f"{list(kept_flat.shape) if isinstance(kept_flat, torch.Tensor) else type(kept_flat).__name__}")
     bs, d = kept_flat.shape[0], kept_flat.shape[1] + 1
     device = kept_flat.device
-    _check_tensor("kept_flat", kept_flat, (bs, d - 1), torch.int64, device)
-    _check_tensor("root_tokens", root_tokens, (bs,), torch.int64, device)
-    _check_tensor("kept_tokens", kept_tokens, (bs, d - 1), torch.int64, device)
-    _check_tensor("beam_flat", beam_flat, (bs, max(num_steps - 1, 0), topk), torch.int64, device)
-    _check_tensor("seq_lens", seq_lens, (bs,), torch.int64, device)
+    check_tensor("kept_flat", kept_flat, (bs, d - 1), torch.int64, device)
+    check_tensor("root_tokens", root_tokens, (bs,), torch.int64, device)
+    check_tensor("kept_tokens", kept_tokens, (bs, d - 1), torch.int64, device)
+    check_tensor("beam_flat", beam_flat, (bs, max(num_steps - 1, 0), topk), torch.int64, device)
+    check_tensor("seq_lens", seq_lens, (bs,), torch.int64, device)
     count = num_candidates(topk, num_steps)
     if d - 1 > count:
         raise ValueError(f"kept_flat has {d - 1} entries per request (D - 1), more than the "
@@ -289,7 +253,7 @@ def _validate_build(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, to
     if topk == 1 and d != num_steps + 1:
         raise ValueError(f"topk == 1 is a chain: D must be num_steps + 1 = {num_steps + 1}, got D = {d} "
                          f"(kept_flat has {d - 1} columns)")
-    if _capturing(device) or bs == 0:
+    if capturing(device) or bs == 0:
         return
     # Value checks read the tensors back (one sync for all), so never inside a graph capture.
     checks = [
@@ -334,7 +298,7 @@ def build_tree(root_tokens: torch.Tensor, kept_flat: torch.Tensor, kept_tokens: 
     """
     _validate_build(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, topk, num_steps)
     args = (root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, topk, num_steps)
-    if _pick_impl(impl, kept_flat.device) == "triton":
+    if pick_impl(impl, kept_flat.device) == "triton":
         return _build_tree_triton(*args)
     return _build_tree_torch(*args)
 
@@ -348,9 +312,9 @@ def chain_tree(root_tokens: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: 
         raise ValueError("draft_tokens must be a 2-D tensor [bs, S]")
     bs, s = draft_tokens.shape
     device = draft_tokens.device
-    _check_tensor("draft_tokens", draft_tokens, (bs, s), torch.int64, device)
-    _check_tensor("root_tokens", root_tokens, (bs,), torch.int64, device)
-    _check_tensor("seq_lens", seq_lens, (bs,), torch.int64, device)
+    check_tensor("draft_tokens", draft_tokens, (bs, s), torch.int64, device)
+    check_tensor("root_tokens", root_tokens, (bs,), torch.int64, device)
+    check_tensor("seq_lens", seq_lens, (bs,), torch.int64, device)
     d = s + 1
     node = torch.arange(d, device=device)
     return DraftTree(

@@ -20,8 +20,9 @@ import triton
 import triton.language as tl
 
 from specverify import dtypes
-from specverify.kernels.tree import (DraftTree, _block, _capturing, _check_launchable, _check_tensor, _pick_impl,
-                                     _raise_first)
+from specverify.kernels.launch import check_launchable, check_tensor, pick_impl
+from specverify.kernels.tree import DraftTree, _block, _raise_first
+from specverify.platform import capturing
 
 
 def target_predict(logits: torch.Tensor) -> torch.Tensor:
@@ -48,7 +49,7 @@ def _validate_tree(tree: DraftTree, num_steps: int) -> None:
     bs, d = tree.tokens.shape
     device = tree.tokens.device
     for name in ("tokens", "parents", "first_child", "next_sibling"):
-        _check_tensor(f"tree.{name}", getattr(tree, name), (bs, d), torch.int64, device)
+        check_tensor(f"tree.{name}", getattr(tree, name), (bs, d), torch.int64, device)
     if d < 1:
         raise ValueError("tree must hold at least the root (D >= 1)")
 
@@ -102,7 +103,7 @@ def _verify_greedy_kernel(
 def _verify_greedy_triton(tree: DraftTree, predict: torch.Tensor, num_steps: int):
     bs, d = tree.tokens.shape
     device = tree.tokens.device
-    _check_launchable(_verify_greedy_kernel, device)
+    check_launchable(_verify_greedy_kernel, device)
     accept, num_correct, bonus = _empty_outputs(bs, num_steps, device)
     if bs == 0:
         return accept, num_correct, bonus
@@ -148,8 +149,8 @@ def verify_greedy(tree: DraftTree, target_predict: torch.Tensor, *, num_steps: i
     Returns (accept_nodes [bs, S+1] int64 padded with -1, num_correct [bs] int64, bonus [bs] int64).
     """
     _validate_tree(tree, num_steps)
-    _check_tensor("target_predict", target_predict, tuple(tree.tokens.shape), torch.int64, tree.device)
-    if _pick_impl(impl, tree.device) == "triton":
+    check_tensor("target_predict", target_predict, tuple(tree.tokens.shape), torch.int64, tree.device)
+    if pick_impl(impl, tree.device) == "triton":
         return _verify_greedy_triton(tree, target_predict, num_steps)
     return _verify_greedy_torch(tree, target_predict, num_steps)
 
@@ -207,7 +208,7 @@ def _stochastic_walk_kernel(
 def _stochastic_walk_triton(tree: DraftTree, probs: torch.Tensor, coins: torch.Tensor, num_steps: int):
     bs, d = tree.tokens.shape
     device = tree.device
-    _check_launchable(_stochastic_walk_kernel, device)
+    check_launchable(_stochastic_walk_kernel, device)
     accept, num_correct, _ = _empty_outputs(bs, num_steps, device)
     if bs == 0:
         return accept, num_correct
@@ -283,13 +284,13 @@ def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.
     if not isinstance(target_probs, torch.Tensor) or target_probs.dim() != 3:
         raise ValueError("target_probs must be a 3-D tensor [bs, D, V]")
     vocab = target_probs.shape[2]
-    _check_tensor("target_probs", target_probs, (bs, d, vocab), torch.float64, device)
-    _check_tensor("coins", coins, (bs, d), torch.float64, device)
-    _check_tensor("final", final, (bs,), torch.float64, device)
+    check_tensor("target_probs", target_probs, (bs, d, vocab), torch.float64, device)
+    check_tensor("coins", coins, (bs, d), torch.float64, device)
+    check_tensor("final", final, (bs,), torch.float64, device)
     if vocab < 1:
         raise ValueError("target_probs must have a non-empty vocabulary dimension")
-    use = _pick_impl(impl, device)
-    if not _capturing(device) and bs > 0:
+    use = pick_impl(impl, device)
+    if not capturing(device) and bs > 0:
         _raise_first([
             ((coins < 0) | (coins >= 1) | coins.isnan(), "coins must lie in [0, 1)"),
             ((final < 0) | (final >= 1) | final.isnan(), "final must lie in [0, 1)"),
