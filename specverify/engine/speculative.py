@@ -19,7 +19,7 @@ from specverify.engine.generate import (GenerationOutput, Request, emit_tokens, 
                                         new_requests, pages_needed)
 from specverify.engine.logprobs import logprob_records
 from specverify.engine.sampling import SamplingParams, sampling_probs
-from specverify.kernels.tree import DraftTree, build_tree
+from specverify.kernels.tree import DraftTree, build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models, chain_mask
 from specverify.ops import select_draft_topk
@@ -251,7 +251,10 @@ class SpecDecoder:
         n = torch.tensor([r.cached for r in reqs], device=self.dev)
         for r in reqs:
             self.cache.table.reserve(r.row, r.cached + self.region + 1)
-        tree = build_tree(st.roots, st.kept_flat, st.kept_tokens, st.beam_flat, n, topk=self.k, num_steps=self.S)
+        if self.k == 1:
+            tree = chain_tree(st.roots, st.kept_tokens, n)
+        else:
+            tree = build_tree(st.roots, st.kept_flat, st.kept_tokens, st.beam_flat, n, topk=self.k, num_steps=self.S)
         rows = torch.tensor([r.row for r in reqs], device=self.dev)
         batch = Batch(tree.tokens, tree.positions, rows, n, torch.full_like(n, self.D), tree.mask, tree.parents,
                       int(n.max()) + self.D)

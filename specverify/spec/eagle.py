@@ -75,12 +75,17 @@ def finish_search(search: TreeSearch, num_draft_tokens: int):
 
     Returns kept_flat [bs, D-1], kept_tokens [bs, D-1], beam_flat [bs, S-1, k].
     """
-    scores = torch.cat(search.cand_scores, dim=1)
     tokens = torch.cat(search.cand_tokens, dim=1)
+    bs, k = search.tokens.shape
+    if k == 1:
+        # The chain shortcut: one candidate per step and D - 1 == S keeps every one of them.
+        kept_flat = torch.arange(tokens.shape[1], device=tokens.device).expand(bs, -1)
+        return kept_flat, tokens, torch.zeros((bs, max(search.num_steps - 1, 0), 1), dtype=torch.int64,
+                                              device=tokens.device) + kept_flat[:, :-1, None]
+    scores = torch.cat(search.cand_scores, dim=1)
     _, best = topk_stable(scores, num_draft_tokens - 1)
     kept_flat = torch.sort(best, dim=1).values
     kept_tokens = tokens.gather(1, kept_flat)
-    bs, k = search.tokens.shape
     if search.num_steps > 1:
         beam_flat = torch.stack(search.beam_flats[:search.num_steps - 1], dim=1)
     else:
