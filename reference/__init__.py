@@ -9,12 +9,23 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 - `generate`: target-only generation (section 5), the output every decoder must reproduce;
 - `select_draft_topk` / `topk_order` / `build_tree` / `greedy_verify` / `stochastic_verify`:
   the speculative ops (section 6), and `first_token_distribution` / `emitted_path_probability`,
-  the exact law of stochastic verify's output.
+  the exact law of stochastic verify's output;
+- `legacy_encode` / `legacy_decode` / `packed_header` / `split_header` / `packed_decode`: the
+  speculative logprob message read byte by byte (docs/protocol.md).
 """
 
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
 from reference.logits import ConvertedLogits, convert_logits, greedy_token, row_scale
 from reference.model import forward, forward_logits, tree_node_logits
+from reference.protocol import (
+    DEFAULT_PROTOCOL_CAPACITY,
+    ProtocolCapacity,
+    legacy_decode,
+    legacy_encode,
+    packed_decode,
+    packed_header,
+    split_header,
+)
 from reference.sampling import draw, filtered_probs, sample_token, uniform_stream
 from reference.spec import (
     RefTree,
@@ -28,7 +39,9 @@ from reference.spec import (
 )
 
 __all__ = [
+    "DEFAULT_PROTOCOL_CAPACITY",
     "ConvertedLogits",
+    "ProtocolCapacity",
     "RefTree",
     "ReferenceOutput",
     "TokenLogprob",
@@ -43,10 +56,15 @@ __all__ = [
     "generate",
     "greedy_token",
     "greedy_verify",
+    "legacy_decode",
+    "legacy_encode",
     "logprob_record",
+    "packed_decode",
+    "packed_header",
     "row_scale",
     "sample_token",
     "select_draft_topk",
+    "split_header",
     "stochastic_verify",
     "topk_order",
     "tree_node_logits",

@@ -31,7 +31,7 @@ def decoder_after_prefill(device, spec, bs, *, cuda_graph, agreement=0.7, seed=5
     prompts = ragged_prompts(seed, bs, models.config.vocab_size, max_len=10)
     reqs = new_requests(prompts, [20] * bs, 0, cls=SpecRequest)
     cfg = SpecConfig(num_steps=spec[0], topk=spec[1], num_draft_tokens=spec[2], cuda_graph=cuda_graph)
-    dec = SpecDecoder(models, cfg, SamplingParams(), eos_token_id=None, num_logprobs=0, static_shapes=True)
+    dec = SpecDecoder(models, cfg, SamplingParams(), eos_token_id=None, static_shapes=True)
     dec.start(reqs)
     return dec
 

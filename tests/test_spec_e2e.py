@@ -125,7 +125,7 @@ def test_abort_mid_flight_frees_pages_and_spares_the_others(request):
     prompts, _ = workload(3, models.config.vocab_size)
     reqs = new_requests(prompts, [14] * 3, 0, cls=SpecRequest)
     decoder = SpecDecoder(models, SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, page_size=4),
-                          SamplingParams(), eos_token_id=None, num_logprobs=0)
+                          SamplingParams(), eos_token_id=None)
     decoder.start(reqs)
     decoder.step()
     free_before = decoder.cache.table.num_free_pages

@@ -1,7 +1,7 @@
 """The decoder loop over the models: requests, batching, EOS, max_new_tokens, logprobs."""
 
 from specverify.engine.generate import GenerationOutput, generate
-from specverify.engine.logprobs import TokenLogprob
+from specverify.protocol.output import TokenLogprob
 from specverify.engine.sampling import SamplingParams
 
 __all__ = ["generate", "GenerationOutput", "TokenLogprob", "SamplingParams"]

@@ -12,7 +12,8 @@ from typing import Sequence
 
 import torch
 
-from specverify.engine.logprobs import TokenLogprob, logprob_records
+from specverify.engine.logprobs import LogprobChannel
+from specverify.protocol.output import TokenLogprob
 from specverify.engine.sampling import SamplingParams, choose_tokens, uniform_stream
 from specverify.models import Batch, ModelCache, Models, chain_mask
 
@@ -33,7 +34,6 @@ class Request:
     row: int = -1               # slot-table row while running
     cached: int = 0             # tokens whose K/V are in the cache
     output: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
     finished: bool = False
 
     @property
@@ -98,30 +98,29 @@ def run_extend(models: Models, cache: ModelCache, reqs: list[Request], token_lis
 
 
 def emit_tokens(reqs: list[Request], logits: torch.Tensor, scale: torch.Tensor, params: SamplingParams,
-         eos_token_id: int | None, num_logprobs: int) -> None:
+                eos_token_id: int | None, channel: LogprobChannel | None) -> None:
     """Choose one token per request from its logits row and record it."""
     u = torch.stack([r.uniforms[len(r.output)] for r in reqs])
     tokens = choose_tokens(logits, scale, params, u)
-    if num_logprobs:
-        for r, rec in zip(reqs, logprob_records(logits, scale, tokens, num_logprobs)):
-            r.logprobs.append(rec)
+    if channel is not None:
+        channel.send([r.index for r in reqs], [1] * len(reqs), logits, scale, tokens)
     for r, t in zip(reqs, tokens.tolist()):
         r.output.append(t)
         r.finished = len(r.output) >= r.max_new_tokens or (eos_token_id is not None and t == eos_token_id)
 
 
 def generate_target_only(models: Models, reqs: list[Request], params: SamplingParams, *,
-                         eos_token_id: int | None, num_logprobs: int, page_size: int) -> None:
+                         eos_token_id: int | None, channel: LogprobChannel | None, page_size: int) -> None:
     cache = models.target.new_cache(max_requests=len(reqs), page_size=page_size, with_draft=False,
                                     num_pages=pages_needed([len(r.prompt) + r.max_new_tokens for r in reqs], page_size))
     for r in reqs:
         r.row = cache.table.alloc_row()
     logits, scale = run_extend(models, cache, reqs, [r.prompt for r in reqs])
-    emit_tokens(reqs, logits, scale, params, eos_token_id, num_logprobs)
+    emit_tokens(reqs, logits, scale, params, eos_token_id, channel)
     running = [r for r in reqs if not _retire(cache, r)]
     while running:
         logits, scale = run_extend(models, cache, running, [[r.last_token] for r in running])
-        emit_tokens(running, logits, scale, params, eos_token_id, num_logprobs)
+        emit_tokens(running, logits, scale, params, eos_token_id, channel)
         running = [r for r in running if not _retire(cache, r)]
 
 
@@ -163,6 +162,11 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
         return generate_speculative(models, prompts, budgets, spec, params, seed=seed, eos_token_id=eos_token_id,
                                     num_logprobs=logprobs, platform=platform)
     reqs = new_requests(prompts, budgets, seed)
-    generate_target_only(models, reqs, params, eos_token_id=eos_token_id, num_logprobs=logprobs,
-                         page_size=page_size)
-    return GenerationOutput([r.output for r in reqs], [r.logprobs for r in reqs] if logprobs else None)
+    channel = LogprobChannel(len(reqs), logprobs, max_rows=1) if logprobs else None
+    generate_target_only(models, reqs, params, eos_token_id=eos_token_id, channel=channel, page_size=page_size)
+    return GenerationOutput([r.output for r in reqs], logprobs_out(channel))
+
+
+def logprobs_out(channel: LogprobChannel | None) -> list[list[TokenLogprob]] | None:
+    """What the output processor assembled from the message stream (None without logprobs)."""
+    return None if channel is None else [res.logprobs for res in channel.close()]

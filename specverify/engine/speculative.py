@@ -16,8 +16,8 @@ import dataclasses
 import torch
 
 from specverify.engine.generate import (GenerationOutput, Request, emit_tokens, generate_target_only,
-                                        new_requests, pages_needed)
-from specverify.engine.logprobs import logprob_records
+                                        logprobs_out, new_requests, pages_needed)
+from specverify.engine.logprobs import LogprobChannel
 from specverify.engine.sampling import SamplingParams, sampling_probs
 from specverify.kernels.tree import DraftTree, build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
@@ -79,12 +79,13 @@ class SpecDecoder:
     """Runs speculative cycles over a batch of requests; requests may finish or be aborted."""
 
     def __init__(self, models: Models, config: SpecConfig, params: SamplingParams, *,
-                 eos_token_id: int | None, num_logprobs: int, platform: PlatformProfile | None = None,
+                 eos_token_id: int | None, channel: LogprobChannel | None = None,
+                 platform: PlatformProfile | None = None,
                  static_shapes: bool | None = None):
         """static_shapes: run the decode-time draft phase at fixed padded shapes (the CUDA-graph
         shapes). None = on CUDA devices only; True also on the CPU (to test the padded path)."""
         self.models, self.config, self.params = models, config, params
-        self.eos, self.num_logprobs, self.platform = eos_token_id, num_logprobs, platform
+        self.eos, self.channel, self.platform = eos_token_id, channel, platform
         self.k, self.S, self.D = config.topk, config.num_steps, config.draft_tokens
         self.region = max(self.D, (self.S - 1) * self.k)   # cache entries past the prefix a cycle uses
         self.max_ctx = models.config.max_context
@@ -128,7 +129,7 @@ class SpecDecoder:
         out = t.forward(self.cache, batch)
         ar = torch.arange(len(reqs), device=self.dev)
         last = batch.q_lens - 1
-        emit_tokens(reqs, out.logits[ar, last], out.scale[ar, last], self.params, self.eos, self.num_logprobs)
+        emit_tokens(reqs, out.logits[ar, last], out.scale[ar, last], self.params, self.eos, self.channel)
         for r in reqs:
             r.cached = len(r.prompt)
         self._retire(reqs)
@@ -262,8 +263,8 @@ class SpecDecoder:
         accept, num_correct, bonus = self._accept(reqs, tree, out)
         self._commit(reqs, rows, n, accept, out)
         new_tokens = self._emit(reqs, tree, accept, num_correct, bonus)
-        if self.num_logprobs:
-            self._logprobs(reqs, accept, new_tokens, out)
+        if self.channel is not None:
+            self._send_logprobs(reqs, accept, out)
         # Draft-extend over the accepted drafts and the bonus, fed by the target hidden states.
         ar = torch.arange(len(reqs), device=self.dev)
         feats = out.hidden[ar[:, None], accept.clamp(min=0)]               # [bs, W, H]
@@ -302,13 +303,14 @@ class SpecDecoder:
             buf = self.cache.states.state[r_layer]
             buf[rows] = inter[ar, last].to(buf.dtype)
 
-    def _logprobs(self, reqs, accept, new_tokens, out) -> None:
-        """Row a_j of the verify predicts emitted token j: record its logprobs."""
-        for b, (r, toks) in enumerate(zip(reqs, new_tokens)):
-            nodes = accept[b, :len(toks)]
-            recs = logprob_records(out.logits[b, nodes], out.scale[b, nodes],
-                                   torch.tensor(toks, device=self.dev), self.num_logprobs)
-            r.logprobs.extend(recs[:len(r.output) - len(r.logprobs)])
+    def _send_logprobs(self, reqs, accept, out) -> None:
+        """Row a_j of the verify predicts emitted token j: one message row per emitted token."""
+        taken = [r.accept_lengths[-1] for r in reqs]
+        b = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor(taken)).to(self.dev)
+        j = torch.cat([torch.arange(n) for n in taken]).to(self.dev)
+        nodes = accept[b, j]
+        tokens = torch.tensor([t for r, n in zip(reqs, taken) for t in r.output[len(r.output) - n:]], device=self.dev)
+        self.channel.send([r.index for r in reqs], taken, out.logits[b, nodes], out.scale[b, nodes], tokens)
 
     def _emit(self, reqs, tree, accept, num_correct, bonus) -> list[list[int]]:
         """Append each request's accepted drafts and bonus, cut at EOS / max_new_tokens.
@@ -350,7 +352,7 @@ SPEC_STREAM_SALT = 0x5BD1E995
 
 
 def generate_speculative(models: Models, prompts, budgets: list[int], spec: SpecConfig, params: SamplingParams, *,
-                         seed: int, eos_token_id, num_logprobs: int, platform=None,
+                         seed: int, eos_token_id, num_logprobs: int = 0, platform=None,
                          static_shapes: bool | None = None) -> GenerationOutput:
     """Speculative decoding of every prompt; see `specverify.generate`."""
     cfg = models.config
@@ -364,13 +366,13 @@ def generate_speculative(models: Models, prompts, budgets: list[int], spec: Spec
         r.spec_gen = torch.Generator("cpu").manual_seed(seed * 1_000_003 + r.index + SPEC_STREAM_SALT)
     if models.draft.agreement is not None:
         attach_oracle(models, reqs, region)
-    decoder = SpecDecoder(models, spec, params, eos_token_id=eos_token_id, num_logprobs=num_logprobs,
+    channel = LogprobChannel(len(reqs), num_logprobs, max_rows=spec.num_steps + 1) if num_logprobs else None
+    decoder = SpecDecoder(models, spec, params, eos_token_id=eos_token_id, channel=channel,
                           platform=platform, static_shapes=static_shapes)
     decoder.start(reqs)
     while decoder.running():
         decoder.step()
-    return GenerationOutput([r.output for r in reqs], [r.logprobs for r in reqs] if num_logprobs else None,
-                            [r.accept_lengths for r in reqs])
+    return GenerationOutput([r.output for r in reqs], logprobs_out(channel), [r.accept_lengths for r in reqs])
 
 
 def attach_oracle(models: Models, reqs: list[SpecRequest], region: int) -> None:
@@ -380,7 +382,7 @@ def attach_oracle(models: Models, reqs: list[SpecRequest], region: int) -> None:
     ctx = models.config.max_context
     budgets = [min(r.max_new_tokens + region + 1, ctx - len(r.prompt)) for r in reqs]
     look = [Request(r.index, r.prompt, n, torch.zeros(n, dtype=torch.float64)) for r, n in zip(reqs, budgets)]
-    generate_target_only(models, look, SamplingParams(), eos_token_id=None, num_logprobs=0, page_size=1)
+    generate_target_only(models, look, SamplingParams(), eos_token_id=None, channel=None, page_size=1)
     for r, lk in zip(reqs, look):
         seq = torch.full((ctx + 1,), -1, dtype=torch.int64)
         full = torch.tensor(r.prompt + lk.output, dtype=torch.int64)

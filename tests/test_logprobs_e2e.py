@@ -1,0 +1,77 @@
+"""Logprobs end to end: `generate(..., logprobs=N)` goes through the packed message and the output
+processor for every algorithm; the records equal the reference's (teacher-forced over the same
+emitted tokens) within the tolerance table, with exact token ids and ranks; speculative and
+target-only logprobs agree."""
+
+from __future__ import annotations
+
+import pytest
+
+import reference
+import specverify
+from specverify import dtypes
+from specverify.engine.speculative import SpecConfig
+from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
+
+pytestmark = pytest.mark.e2e
+
+# The message carries float32 logprobs: they compare by the float32 entry of the table.
+TOL = dtypes.tolerance("float32")
+
+ALGORITHMS = {
+    "target-only": None,
+    "eagle-chain": SpecConfig(num_steps=3, topk=1),
+    "eagle-tree": SpecConfig(num_steps=3, topk=2, num_draft_tokens=6),
+}
+SAMPLING = {"greedy": {}, "sampled": dict(temperature=0.8, top_p=0.95)}
+
+
+def reference_records(models, prompt, tokens, n):
+    """The reference's record of each emitted token, teacher-forced over prompt + tokens."""
+    rows = reference.forward_logits(models.config, models.target_weights, prompt + tokens[:-1])[len(prompt) - 1:]
+    return [reference.logprob_record(reference.convert_logits(models.config, row).dequant, t, n)
+            for row, t in zip(rows, tokens)]
+
+
+def assert_records_match(got, want, what):
+    assert len(got) == len(want), f"{what}: {len(got)} records, expected {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g.token, g.rank) == (w.token, w.rank), f"{what} token {i}: (token, rank) {(g.token, g.rank)} vs {(w.token, w.rank)}"
+        assert [t for t, _ in g.top] == [t for t, _ in w.top], f"{what} token {i}: top ids differ"
+        assert g.logprob == pytest.approx(w.logprob, abs=TOL.atol, rel=TOL.rtol), f"{what} token {i}: logprob"
+        assert [v for _, v in g.top] == pytest.approx([v for _, v in w.top], abs=TOL.atol, rel=TOL.rtol)
+
+
+@pytest.mark.parametrize("n", [1, 5, 20])
+@pytest.mark.parametrize("mode", list(SAMPLING))
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize("logits_dtype", ["float32", pytest.param("float8_e4m3fn", marks=pytest.mark.fp8)])
+def test_logprobs_match_reference(algorithm, mode, n, logits_dtype, seed):
+    models = cached_models(compute_dtype="float64", logits_dtype=logits_dtype, draft_agreement=0.6)
+    prompts = ragged_prompts(seed, 3, models.config.vocab_size, max_len=8)
+    budgets = ragged_budgets(seed, 3, high=9)
+    out = specverify.generate(models, prompts, spec=ALGORITHMS[algorithm], max_new_tokens=budgets, logprobs=n,
+                              seed=seed, **SAMPLING[mode])
+    assert [len(r) for r in out.logprobs] == [len(t) for t in out.tokens]
+    for r, (prompt, tokens) in enumerate(zip(prompts, out.tokens)):
+        assert [rec.token for rec in out.logprobs[r]] == tokens
+        assert_records_match(out.logprobs[r], reference_records(models, prompt, tokens, n),
+                             f"{algorithm}/{mode}/{logits_dtype} request {r}")
+
+
+@pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree"])
+def test_speculative_and_target_only_logprobs_agree(algorithm, seed):
+    models = cached_models(compute_dtype="float64", draft_agreement=0.6)
+    prompts = ragged_prompts(seed, 4, models.config.vocab_size, max_len=8)
+    spec = specverify.generate(models, prompts, spec=ALGORITHMS[algorithm], max_new_tokens=12, logprobs=4)
+    plain = specverify.generate(models, prompts, max_new_tokens=12, logprobs=4)
+    assert spec.tokens == plain.tokens
+    for r in range(len(prompts)):
+        assert_records_match(spec.logprobs[r], plain.logprobs[r], f"{algorithm} vs target-only request {r}")
+    assert any(n > 1 for lengths in spec.accept_lengths for n in lengths), "some steps must emit several tokens"
+
+
+def test_no_logprobs_means_none():
+    models = cached_models()
+    assert specverify.generate(models, [[1, 2]], max_new_tokens=3).logprobs is None
+    assert specverify.generate(models, [[1, 2]], spec=ALGORITHMS["eagle-chain"], max_new_tokens=3).logprobs is None
