@@ -545,10 +545,10 @@ def _nine_requests(kw):
 WRITER_ERRORS = {
     "bsz-above-max": (_nine_requests, r"bsz = len\(counts\) = 9 exceeds max_bsz 8"),
     "rows-above-max-draft-tokens": (_grow_rows, r"3 rows per request, above max_draft_tokens 2"),
-    "width-0": (_reshape("token_ids", np.s_[:, :, :0]), r"max_num_logprobs must be in 1\.\.4"),
+    "width-0": (_reshape("token_ids", np.s_[:, :, :0]), r"max_num_logprobs = token_ids.shape\[2\] must be in 1\.\.4"),
     "width-above-k+1": (lambda kw: {**kw, "token_ids": np.zeros((8, 2, 5), np.int32),
                                     "logprobs": np.zeros((8, 2, 5), np.float32)},
-                        r"max_num_logprobs must be in 1\.\.4 .*got 5"),
+                        r"token_ids.shape\[2\] must be in 1\.\.4 .*got 5"),
     "count-above-max-draft-tokens": (_set("counts", 2, 3), r"counts\[2\] = 3; a count is .*1\.\.max_draft_tokens 2"),
     "count-minus-5": (_set("counts", 0, -5), r"counts\[0\] = -5"),
     "count-above-rows": (_one_row_but_count_2_at_1, r"counts\[1\] = 2 exceeds the 1 rows given"),

@@ -253,7 +253,10 @@ class MessageWriter:
         _, rows, width = token_ids.shape
         if rows > cap.max_draft_tokens:
             raise ValueError(f"token_ids has {rows} rows per request, above max_draft_tokens {cap.max_draft_tokens}")
-        header = pack_header(flag, width, capacity=cap)   # checks flag and width
+        if not 1 <= width <= cap.max_width:
+            raise ValueError(f"max_num_logprobs = token_ids.shape[2] must be in 1..{cap.max_width} "
+                             f"(top_logprobs + 1, at most k+1 with k={cap.k}), got {width}")
+        header = pack_header(flag, width, capacity=cap)   # checks the flag
         if logprobs.shape != token_ids.shape:
             raise ValueError(f"logprobs shape {tuple(logprobs.shape)} != token_ids shape {tuple(token_ids.shape)}")
         if ranks.shape != (bsz, rows):
