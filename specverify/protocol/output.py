@@ -28,15 +28,25 @@ class StreamError(ValueError):
 
 @dataclasses.dataclass
 class RequestResult:
+    """One request's accumulated output. Rows are kept as the receiver delivered them and turned
+    into TokenLogprob records only when asked for, so the hot path stays a list append."""
     tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
-    draft_logprobs: list[list[TokenLogprob]] = dataclasses.field(default_factory=list)  # per target step
     status: str = "running"          # running | preempted | recovery_stop
+    _steps: list = dataclasses.field(default_factory=list)   # per target step: (token_ids, logprobs, ranks)
+    _drafts: list = dataclasses.field(default_factory=list)  # per target step: draft rows or None
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        return [rec for step in self._steps for rec in _records(*step)]
+
+    @property
+    def draft_logprobs(self) -> list[list[TokenLogprob]]:
+        return [[] if d is None else _records(*d) for d in self._drafts]
 
 
-def _records(msg: Message, i: int) -> list[TokenLogprob]:
-    rows = zip(msg.token_ids[i], msg.logprobs[i], msg.ranks[i])
-    return [TokenLogprob(ids[0], lps[0], rank, tuple(zip(ids[1:], lps[1:]))) for ids, lps, rank in rows]
+def _records(token_ids, logprobs, ranks) -> list[TokenLogprob]:
+    return [TokenLogprob(ids[0], lps[0], rank, tuple(zip(ids[1:], lps[1:])))
+            for ids, lps, rank in zip(token_ids, logprobs, ranks)]
 
 
 class OutputProcessor:
@@ -71,10 +81,10 @@ class OutputProcessor:
             elif count == RECOVERY_STOP:
                 r.status = "recovery_stop"
             else:
-                recs = _records(msg, i)
-                r.tokens.extend(rec.token for rec in recs)
-                r.logprobs.extend(recs)
-                r.draft_logprobs.append([])
+                rows = msg.token_ids[i]
+                r.tokens.extend(row[0] for row in rows)
+                r._steps.append((rows, msg.logprobs[i], msg.ranks[i]))
+                r._drafts.append(None)
                 self._steps[i] += 1
 
     def _draft(self, msg: Message) -> None:
@@ -83,4 +93,4 @@ class OutputProcessor:
                 continue
             if self._steps[i] == 0:
                 raise StreamError(f"request {i}: draft tokens before any target step")
-            self.results[i].draft_logprobs[-1] = _records(msg, i)
+            self.results[i]._drafts[-1] = (msg.token_ids[i], msg.logprobs[i], msg.ranks[i])
