@@ -75,3 +75,25 @@ def test_no_logprobs_means_none():
     models = cached_models()
     assert specverify.generate(models, [[1, 2]], max_new_tokens=3).logprobs is None
     assert specverify.generate(models, [[1, 2]], spec=ALGORITHMS["eagle-chain"], max_new_tokens=3).logprobs is None
+
+
+def test_an_aborted_request_is_reported_preempted_with_its_tokens_so_far():
+    from specverify.engine.generate import new_requests
+    from specverify.engine.logprobs import LogprobChannel
+    from specverify.engine.sampling import SamplingParams
+    from specverify.engine.speculative import SpecDecoder, SpecRequest
+
+    models = cached_models(compute_dtype="float64", draft_agreement=0.6)
+    reqs = new_requests([[1, 2, 3], [4, 5], [6]], [12] * 3, 0, cls=SpecRequest)
+    channel = LogprobChannel(3, 2, max_rows=3)
+    decoder = SpecDecoder(models, SpecConfig(num_steps=2, topk=1), SamplingParams(), eos_token_id=None,
+                          channel=channel)
+    decoder.start(reqs)
+    decoder.step()
+    decoder.abort(reqs[1])
+    while decoder.running():
+        decoder.step()
+    results = channel.close()
+    assert [r.status for r in results] == ["running", "preempted", "running"]
+    assert [r.tokens for r in results] == [r.output for r in reqs]
+    assert len(results[1].tokens) < 12 and len(results[1].logprobs) == len(results[1].tokens)

@@ -60,6 +60,15 @@ class LogprobChannel:
         rank[req, pos] = torch.from_numpy(ranks)
         self._deliver(counts, token_ids, logprobs, rank, keep_running=True)
 
+    def signal(self, req_index: int, code: int) -> None:
+        """Tell the processor that a request ended without tokens: PREEMPTED (-9, an abort) or
+        RECOVERY_STOP (-3)."""
+        bsz = self.num_requests
+        counts = torch.zeros(bsz, dtype=torch.int64)
+        counts[req_index] = code
+        self._deliver(counts, torch.zeros((bsz, 1, self.n + 1), dtype=torch.int64), torch.zeros((bsz, 1, self.n + 1)),
+                      torch.zeros((bsz, 1), dtype=torch.int64), keep_running=True)
+
     def close(self) -> list[RequestResult]:
         """End the stream (a message with a negative id) and return the per-request results."""
         bsz = self.num_requests

@@ -18,6 +18,7 @@ import torch
 from specverify.engine.generate import (GenerationOutput, Request, emit_tokens, generate_target_only,
                                         logprobs_out, new_requests, pages_needed)
 from specverify.engine.logprobs import LogprobChannel
+from specverify.protocol.message import PREEMPTED
 from specverify.engine.sampling import SamplingParams, sampling_probs
 from specverify.kernels.tree import DraftTree, build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
@@ -110,10 +111,13 @@ class SpecDecoder:
         return [r for r in self.reqs if not r.finished]
 
     def abort(self, r: SpecRequest) -> None:
-        """Stop a request now; its pages go back to the pool at once."""
+        """Stop a request now; its pages go back to the pool at once, and the logprob stream
+        reports it preempted."""
         if not r.finished:
             r.finished = True
             self.cache.table.free_row(r.row)
+            if self.channel is not None:
+                self.channel.signal(r.index, PREEMPTED)
 
     def _retire(self, reqs):
         for r in reqs:
