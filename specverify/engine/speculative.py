@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-from specverify.engine.generate import (GenerationOutput, Request, emit_tokens, generate_target_only,
+from specverify.engine.generate import (GenerationOutput, Request, emit_tokens, extend_batch, generate_target_only,
                                         logprobs_out, new_requests, pages_needed)
 from specverify.engine.logprobs import LogprobChannel
 from specverify.protocol.message import PREEMPTED
@@ -129,7 +129,7 @@ class SpecDecoder:
         t = self.models.target
         for r in reqs:
             self.cache.table.reserve(r.row, len(r.prompt) + self.region + 1)
-        batch = _chain_batch([r.prompt for r in reqs], [0] * len(reqs), [r.row for r in reqs], self.dev)
+        batch = extend_batch(reqs, [r.prompt for r in reqs], self.dev)         # nothing cached yet
         out = t.forward(self.cache, batch)
         ar = torch.arange(len(reqs), device=self.dev)
         last = batch.q_lens - 1
@@ -335,21 +335,6 @@ class SpecDecoder:
             r.accept_lengths.append(len(taken))
             new.append(produced)
         return new
-
-
-def _chain_batch(token_lists, kv_lens, rows, device) -> Batch:
-    """A chain of new tokens per request after kv_lens cached entries; positions kv_len + 1 + j
-    for the draft head's shifted layout are set by the caller where needed."""
-    q = max(len(t) for t in token_lists)
-    ids = torch.zeros((len(token_lists), q), dtype=torch.int64)
-    for b, toks in enumerate(token_lists):
-        ids[b, :len(toks)] = torch.tensor(toks, dtype=torch.int64)
-    kv = torch.tensor(kv_lens, dtype=torch.int64)
-    ql = torch.tensor([len(t) for t in token_lists], dtype=torch.int64)
-    mask, parents = chain_mask(len(token_lists), q, "cpu")
-    positions = kv[:, None] + torch.arange(q)[None, :]
-    return Batch(ids.to(device), positions.to(device), torch.tensor(rows).to(device), kv.to(device), ql.to(device),
-                 mask.to(device), parents.to(device), int((kv + ql).max()))
 
 
 SPEC_STREAM_SALT = 0x5BD1E995
