@@ -35,22 +35,9 @@ class ConvertedLogits:
 
 
 def row_scale(row32: np.ndarray, fmt: str) -> np.float32:
-    """Per-row FP8 scale: max(|row|) / fp8_max in float32; 1 for an all-zero row (or a zero quotient).
-
-    Only finite entries count: an infinite scale would send every finite logit to 0 (an inf
-    or NaN logit is quantized as itself, saturated or NaN, under the finite scale).
-    """
-    amax = np.float32(0.0)
-    for x in row32:
-        if np.isfinite(x) and abs(x) > amax:
-            amax = np.float32(abs(x))
-    if amax == 0:
-        return np.float32(1.0)
-    with np.errstate(under="ignore"):
-        scale = np.float32(amax / np.float32(_fp8().max_finite(fmt)))
-    if scale == 0:  # a subnormal amax whose quotient underflows: a zero scale cannot divide
-        return np.float32(1.0)
-    return scale
+    """Per-row FP8 scale of one row (the rule lives in reference.fp8.row_scale): max |finite
+    entry| / fp8_max in float32; 1 for a row with no finite nonzero entry or a zero quotient."""
+    return np.float32(_fp8().row_scale(np.asarray(row32, dtype=np.float32)[None, :], fmt)[0, 0])
 
 
 def convert_logits(config, row) -> ConvertedLogits:
