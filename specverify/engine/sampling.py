@@ -54,10 +54,12 @@ def sampling_probs(logits: torch.Tensor, scale: torch.Tensor, params: SamplingPa
     """
     z = logits.to(torch.float64) * scale.to(torch.float64) / params.temperature
     p = torch.softmax(z, dim=-1)
-    # Stable descending sort: equal probabilities keep ascending index order.
-    order = torch.sort(p, dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(p.shape[-1], device=p.device).expand_as(order))
+    if params.top_k > 0 or params.top_p < 1.0:
+        # Stable descending sort: equal probabilities keep ascending index order. Renormalizing
+        # after top-k keeps this order, so one sort serves both filters.
+        order = torch.sort(p, dim=-1, descending=True, stable=True).indices
     if params.top_k > 0:
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(p.shape[-1], device=p.device).expand_as(order))
         p = _renorm(torch.where(rank < params.top_k, p, torch.zeros_like(p)))
     if params.top_p < 1.0:
         sorted_p = torch.gather(p, -1, order)

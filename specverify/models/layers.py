@@ -7,6 +7,7 @@ and writes only to the sink slot.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -64,8 +65,10 @@ class Batch:
         slots = req_to_token[self.rows[:, None], idx]
         return torch.where(self.live, slots, torch.full_like(slots, SINK_SLOT))
 
+    @functools.cached_property
     def visibility(self) -> torch.Tensor:
-        """[bs, q, max_kv] bool: may query j attend to cache index t."""
+        """[bs, q, max_kv] bool: may query j attend to cache index t. Built once per batch and
+        shared by every attention layer of the forward."""
         dev = self.input_ids.device
         q, r = self.input_ids.shape[1], self.tree_mask.shape[2]
         t = torch.arange(self.max_kv, device=dev)[None, :]
@@ -107,7 +110,7 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
     keys = keys.repeat_interleave(group, dim=2).transpose(1, 2)            # [bs, nh, T, hd]
     values = values.repeat_interleave(group, dim=2).transpose(1, 2)
     scores = qh.transpose(1, 2) @ keys.transpose(2, 3) / math.sqrt(head_dim)  # [bs, nh, q, T]
-    scores = scores.masked_fill(~batch.visibility()[:, None, :, :], float("-inf"))
+    scores = scores.masked_fill(~batch.visibility[:, None, :, :], float("-inf"))
     out = torch.softmax(scores, dim=-1) @ values                           # [bs, nh, q, hd]
     return out.transpose(1, 2).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
 
