@@ -63,18 +63,20 @@ class LogprobChannel:
     def signal(self, req_index: int, code: int) -> None:
         """Tell the processor that a request ended without tokens: PREEMPTED (-9, an abort) or
         RECOVERY_STOP (-3)."""
-        bsz = self.num_requests
-        counts = torch.zeros(bsz, dtype=torch.int64)
+        counts = torch.zeros(self.num_requests, dtype=torch.int64)
         counts[req_index] = code
-        self._deliver(counts, torch.zeros((bsz, 1, self.n + 1), dtype=torch.int64), torch.zeros((bsz, 1, self.n + 1)),
-                      torch.zeros((bsz, 1), dtype=torch.int64), keep_running=True)
+        self._deliver_counts(counts, keep_running=True)
 
     def close(self) -> list[RequestResult]:
         """End the stream (a message with a negative id) and return the per-request results."""
-        bsz = self.num_requests
-        self._deliver(torch.zeros(bsz, dtype=torch.int64), torch.zeros((bsz, 1, self.n + 1), dtype=torch.int64),
-                      torch.zeros((bsz, 1, self.n + 1)), torch.zeros((bsz, 1), dtype=torch.int64), keep_running=False)
+        self._deliver_counts(torch.zeros(self.num_requests, dtype=torch.int64), keep_running=False)
         return self.processor.results
+
+    def _deliver_counts(self, counts, *, keep_running: bool) -> None:
+        """A message of counts only (signals or the end of the stream): no rows to carry."""
+        bsz, width = self.num_requests, self.n + 1
+        self._deliver(counts, torch.zeros((bsz, 1, width), dtype=torch.int64), torch.zeros((bsz, 1, width)),
+                      torch.zeros((bsz, 1), dtype=torch.int64), keep_running=keep_running)
 
     def _deliver(self, counts, token_ids, logprobs, ranks, *, keep_running: bool) -> None:
         wire = self.writer.write(msg_id=1, keep_running=keep_running, flag=TARGET_TOKENS, counts=counts,
