@@ -7,6 +7,8 @@ kept and the problem is not missed.
 
 from __future__ import annotations
 
+import argparse
+
 import datetime
 import importlib.metadata
 import os
@@ -25,6 +27,17 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+
+def base_parser(doc: str, *, quick_help: str, smoke_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark has: --out, --quick, --cpu-smoke."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="directory for the results file (default benchmarks/results; "
+                                  "with --cpu-smoke, nothing is written unless --out is given)")
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--cpu-smoke", action="store_true", help=smoke_help)
+    return ap
 
 
 def require_cuda(script: str) -> None:

@@ -23,13 +23,12 @@ Run on a GPU machine from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
 import time
 
-from _common import header, out_dir, require_cuda, table, write_results  # puts the repo root on sys.path
+from _common import base_parser, header, out_dir, require_cuda, table, write_results  # puts the repo root on sys.path
 
 import torch  # noqa: E402
 
@@ -122,13 +121,8 @@ def bench_cell(bs: int, vocab: int, dtype: str, args, device: str) -> list[objec
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", help="directory for the results file (default benchmarks/results; "
-                                  "with --cpu-smoke, nothing is written unless --out is given)")
-    ap.add_argument("--quick", action="store_true", help="fewer replays and repeats (~15 s)")
-    ap.add_argument("--cpu-smoke", action="store_true",
-                    help="check the script on the CPU: tiny sizes, no CUDA graphs, meaningless times")
+    ap = base_parser(__doc__, quick_help="fewer replays and repeats (~15 s)",
+                     smoke_help="check the script on the CPU: tiny sizes, no CUDA graphs, meaningless times")
     ap.add_argument("--dtypes", default=",".join(DTYPES),
                     help=f"comma-separated logits dtypes (default {','.join(DTYPES)})")
     ap.add_argument("--calls", type=int, default=8, help="calls (distinct logits buffers) per graph")

@@ -26,13 +26,12 @@ Run on a GPU machine from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 import traceback
 
-from _common import header, out_dir, require_cuda, table, write_results  # puts the repo root on sys.path
+from _common import base_parser, header, out_dir, require_cuda, table, write_results  # puts the repo root on sys.path
 
 import torch  # noqa: E402
 
@@ -154,13 +153,8 @@ def rows_for(results: list[dict]) -> tuple[list[list], list[list], list[str], bo
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", help="directory for the results file (default benchmarks/results; "
-                                  "with --cpu-smoke, nothing is written unless --out is given)")
-    ap.add_argument("--quick", action="store_true", help="one timed call per mode, 32 new tokens")
-    ap.add_argument("--cpu-smoke", action="store_true",
-                    help="check the script on the CPU: tiny preset, tiny batches, no CUDA graphs")
+    ap = base_parser(__doc__, quick_help="one timed call per mode, 32 new tokens",
+                     smoke_help="check the script on the CPU: tiny preset, tiny batches, no CUDA graphs")
     ap.add_argument("--max-new-tokens", type=int, help="new tokens per request (default 64)")
     ap.add_argument("--repeats", type=int, help="timed calls per mode; the median is reported (default 3)")
     ap.add_argument("--seed", type=int, default=0, help="model and prompt seed")
