@@ -3,5 +3,6 @@
 from specverify.engine.generate import GenerationOutput, generate
 from specverify.protocol.output import TokenLogprob
 from specverify.engine.sampling import SamplingParams
+from specverify.engine.spec_config import SpecConfig
 
-__all__ = ["generate", "GenerationOutput", "TokenLogprob", "SamplingParams"]
+__all__ = ["generate", "GenerationOutput", "TokenLogprob", "SamplingParams", "SpecConfig"]
