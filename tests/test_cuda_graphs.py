@@ -19,6 +19,7 @@ from specverify.engine.speculative import SpecConfig, SpecDecoder, SpecRequest, 
 from specverify.kernels.cuda_graph import BucketGraphRunner, bucket_for
 from tests.support.asserts import assert_tokens_equal
 from tests.support.cases import ragged_budgets, ragged_prompts
+from tests.support.steering import steered_models
 
 
 @functools.lru_cache(maxsize=16)
@@ -27,10 +28,11 @@ def models_on(device: str, **kwargs):
 
 
 def decoder_after_prefill(device, spec, bs, *, cuda_graph, agreement=0.7, seed=5):
-    models = models_on(device, compute_dtype="float32", draft_agreement=agreement)
-    prompts = ragged_prompts(seed, bs, models.config.vocab_size, max_len=10)
+    plain = models_on(device, compute_dtype="float32")
+    prompts = ragged_prompts(seed, bs, plain.config.vocab_size, max_len=10)
     reqs = new_requests(prompts, [20] * bs, 0, cls=SpecRequest)
     cfg = SpecConfig(num_steps=spec[0], topk=spec[1], num_draft_tokens=spec[2], cuda_graph=cuda_graph)
+    models = steered_models(plain, prompts, 20, agreement=agreement, spec=cfg)
     dec = SpecDecoder(models, cfg, SamplingParams(), eos_token_id=None, static_shapes=True)
     dec.start(reqs)
     return dec
@@ -82,10 +84,11 @@ def test_runner_pads_and_refills_between_calls():
 
 @pytest.mark.parametrize("spec", SPECS, ids=[f"S{s}-k{k}-D{d}" for s, k, d in SPECS])
 def test_padded_static_path_is_lossless_on_cpu(spec, request):
-    models = models_on("cpu", compute_dtype="float64", draft_agreement=0.6)
-    prompts = ragged_prompts(9, 5, models.config.vocab_size, max_len=9)
+    plain = models_on("cpu", compute_dtype="float64")
+    prompts = ragged_prompts(9, 5, plain.config.vocab_size, max_len=9)
     budgets = ragged_budgets(9, 5, high=12)
     cfg = SpecConfig(num_steps=spec[0], topk=spec[1], num_draft_tokens=spec[2])
+    models = steered_models(plain, prompts, budgets, agreement=0.6, spec=cfg)
     got = generate_speculative(models, prompts, budgets, cfg, SamplingParams(), seed=0, eos_token_id=None,
                                num_logprobs=0, static_shapes=True)
     want = reference.generate(models, prompts, max_new_tokens=budgets).tokens
@@ -140,10 +143,11 @@ def test_replays_see_fresh_inputs():
 @pytest.mark.parametrize("logits_dtype", ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
 @pytest.mark.parametrize("spec", SPECS, ids=[f"S{s}-k{k}-D{d}" for s, k, d in SPECS])
 def test_speculative_greedy_on_gpu_is_lossless(spec, logits_dtype, cuda_graph, request):
-    models = models_on("cuda", compute_dtype="float64", logits_dtype=logits_dtype, draft_agreement=0.6)
-    prompts = ragged_prompts(21, 6, models.config.vocab_size, max_len=12)
+    plain = models_on("cuda", compute_dtype="float64", logits_dtype=logits_dtype)
+    prompts = ragged_prompts(21, 6, plain.config.vocab_size, max_len=12)
     budgets = ragged_budgets(21, 6, high=16)
     cfg = SpecConfig(num_steps=spec[0], topk=spec[1], num_draft_tokens=spec[2], cuda_graph=cuda_graph)
+    models = steered_models(plain, prompts, budgets, agreement=0.6, spec=cfg)
     got = specverify.generate(models, prompts, spec=cfg, max_new_tokens=budgets)
     want = reference.generate(models, prompts, max_new_tokens=budgets).tokens
     assert_tokens_equal(got.tokens, want, f"GPU speculative greedy {logits_dtype} graph={cuda_graph}",
@@ -152,10 +156,10 @@ def test_speculative_greedy_on_gpu_is_lossless(spec, logits_dtype, cuda_graph, r
 
 @pytest.mark.cuda
 def test_graph_and_eager_generate_the_same_tokens_and_accept_lengths():
-    models = models_on("cuda", compute_dtype="bfloat16", logits_dtype="bfloat16", draft_agreement=0.6)
-    prompts = ragged_prompts(3, 8, models.config.vocab_size, max_len=12)
-    runs = [specverify.generate(models, prompts, spec=SpecConfig(num_steps=3, topk=2, num_draft_tokens=6,
-                                                                 cuda_graph=g), max_new_tokens=24)
-            for g in (True, False)]
+    plain = models_on("cuda", compute_dtype="bfloat16", logits_dtype="bfloat16")
+    prompts = ragged_prompts(3, 8, plain.config.vocab_size, max_len=12)
+    specs = [SpecConfig(num_steps=3, topk=2, num_draft_tokens=6, cuda_graph=g) for g in (True, False)]
+    models = steered_models(plain, prompts, 24, agreement=0.6, spec=specs[0])
+    runs = [specverify.generate(models, prompts, spec=s, max_new_tokens=24) for s in specs]
     assert runs[0].tokens == runs[1].tokens
     assert runs[0].accept_lengths == runs[1].accept_lengths

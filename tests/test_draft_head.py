@@ -1,4 +1,5 @@
-"""The EAGLE draft head: cached forward consistency and the agreement knob."""
+"""The EAGLE draft head (cached forward consistency, compute/deliver split), the engine's request ids,
+and the test-side steering wrapper of tests/support/steering.py."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import torch
 
 from specverify import build_models, dtypes
 from specverify.models import Batch, chain_mask
-from specverify.models.draft import agreement_draw
 from tests.support.asserts import assert_close
+from tests.support.cases import cached_models
+from tests.support.steering import PEAK_MARGIN, SteeredDraft, agreement_draw, steer_logits
 
 
 def draft_batch(rows, kv_lens, tokens, device="cpu") -> Batch:
@@ -45,46 +47,53 @@ def test_draft_extend_then_decode_equals_one_extend(seed):
 
 
 def steered_logits(agreement, logits_dtype, n=512, seed=0):
-    models = build_models("tiny", seed=seed, draft_agreement=agreement, logits_dtype=logits_dtype, device="cpu")
+    """n one-token requests (request i = row i at position 0) through a SteeredDraft whose oracle
+    puts row i on the path (oracle[i, 0] == its token) except the first 8 rows (next token
+    unknown) and the next 8 (oracle[i, 0] is another token)."""
+    models = build_models("tiny", seed=seed, logits_dtype=logits_dtype, device="cpu")
     cfg = models.config
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, cfg.vocab_size, (n, 1), generator=g)
     feats = torch.randn((n, 1, cfg.hidden_size), generator=g)
-    oracle = torch.randint(0, cfg.vocab_size, (n, 1), generator=g)
-    oracle[:8] = -1                                                   # unknown rows stay as they are
-    keys = torch.arange(n)[:, None] * 1000 + 17
+    target = torch.randint(0, cfg.vocab_size, (n,), generator=g)
+    oracle = torch.full((n, cfg.max_context + 1), -1, dtype=torch.int64)
+    oracle[:, 0] = tokens[:, 0]
+    oracle[8:16, 0] = (tokens[8:16, 0] + 1) % cfg.vocab_size           # off the path: left alone
+    oracle[8:, 1] = target[8:]                                          # rows 0..7: next unknown
+    draft = SteeredDraft(models.draft, oracle, agreement, seed)
     cache = models.target.new_cache(max_requests=n)
     rows = [cache.table.alloc_row() for _ in range(n)]
     for r in rows:
         cache.table.reserve(r, 1)
     batch = draft_batch(rows, [0] * n, tokens)
-    out = models.draft.forward(cache, batch, feats, oracle_next=oracle, oracle_keys=keys)
+    batch.req_ids = torch.arange(n)
+    out = draft.forward(cache, batch, feats)
     plain = models.draft.forward(cache, batch, feats)
-    return out.logits[:, 0].float(), plain.logits[:, 0].float(), oracle[:, 0]
+    known = torch.zeros(n, dtype=torch.bool)
+    known[16:] = True
+    return out.logits[:, 0].float(), plain.logits[:, 0].float(), target, known
 
 
 @pytest.mark.parametrize("logits_dtype", ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2fnuz"])
-def test_always_right_oracle_makes_target_token_the_unique_top(logits_dtype):
-    logits, plain, oracle = steered_logits(1.0, logits_dtype)
-    known = oracle >= 0
+def test_always_right_draft_makes_target_token_the_unique_top(logits_dtype):
+    logits, plain, target, known = steered_logits(1.0, logits_dtype)
     top = logits.max(-1)
-    assert torch.equal(top.indices[known], oracle[known])
+    assert torch.equal(top.indices[known], target[known])
     assert ((logits == top.values[:, None]).sum(-1)[known] == 1).all(), "steered token must not tie"
-    assert torch.equal(logits[~known], plain[~known])
+    assert torch.equal(logits[~known], plain[~known]), "rows off the oracle path must be unchanged"
 
 
 @pytest.mark.parametrize("logits_dtype", ["float32", "float8_e5m2"])
-def test_always_wrong_oracle_never_proposes_target_token(logits_dtype):
-    logits, _, oracle = steered_logits(0.0, logits_dtype)
-    known = oracle >= 0
+def test_always_wrong_draft_never_proposes_target_token(logits_dtype):
+    logits, plain, target, known = steered_logits(0.0, logits_dtype)
     top8 = logits.topk(8, dim=-1).indices
-    assert not (top8[known] == oracle[known][:, None]).any()
+    assert not (top8[known] == target[known][:, None]).any()
+    assert torch.equal(logits[~known], plain[~known])
 
 
 def test_partial_agreement_rate_follows_knob():
-    logits, _, oracle = steered_logits(0.3, "float32", n=2000)
-    known = oracle >= 0
-    rate = (logits.argmax(-1)[known] == oracle[known]).float().mean().item()
+    logits, _, target, known = steered_logits(0.3, "float32", n=2000)
+    rate = (logits.argmax(-1)[known] == target[known]).float().mean().item()
     assert abs(rate - 0.3) < 0.05
 
 
@@ -98,9 +107,135 @@ def test_agreement_draw_is_deterministic_and_uniform():
     assert (hist - 2000).abs().max() < 200
 
 
-def test_agreement_out_of_range_raises():
-    with pytest.raises(ValueError, match=r"draft_agreement must be None or in \[0, 1\]"):
-        build_models("tiny", draft_agreement=1.5, device="cpu")
+def steer_by_the_rule(logits, req_ids, positions, tokens, oracle, agreement, seed):
+    """The rule of tests/support/steering.py, row by row in plain Python."""
+    ctx = oracle.shape[1] - 1
+    out = logits.clone()
+    for b in range(logits.shape[0]):
+        for j in range(logits.shape[1]):
+            r, p, tau = int(req_ids[b]), int(positions[b, j]), int(tokens[b, j])
+            if not 0 <= p < ctx or int(oracle[r, p]) != tau or int(oracle[r, p + 1]) < 0:
+                continue
+            u = agreement_draw(seed, torch.tensor(r * (ctx + 1) + p + 1)).item()
+            nxt = int(oracle[r, p + 1])
+            out[b, j, nxt] = logits[b, j].max() + PEAK_MARGIN if u < agreement else float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("agreement", [0.0, 0.4, 1.0])
+def test_steer_logits_follows_the_rule(dtype, agreement, seed):
+    """Tensor implementation == the row-by-row rule, on every compute dtype, including rows off the
+    path, rows whose next token is unknown and positions at the max_context boundary."""
+    g = torch.Generator().manual_seed(seed)
+    bs, q, v, ctx, reqs = 6, 5, 11, 12, 4
+    oracle = torch.randint(0, v, (reqs, ctx + 1), generator=g)
+    oracle[:, -1] = -1
+    oracle[1, 7:] = -1                                                  # request 1 known up to 6
+    req_ids = torch.randint(0, reqs, (bs,), generator=g)
+    positions = torch.randint(0, ctx + 1, (bs, q), generator=g)
+    positions[0, :] = torch.tensor([ctx - 1, ctx, 0, 6, 7])
+    req_ids[0] = 1
+    tokens = oracle[req_ids[:, None], positions]                        # on the path ...
+    flip = torch.rand((bs, q), generator=g) < 0.3
+    tokens = torch.where(flip, (tokens + 1) % v, tokens).clamp(min=0)   # ... except some
+    logits = torch.randn((bs, q, v), generator=g).to(dtype)
+    got = steer_logits(logits, req_ids, positions, tokens, oracle, agreement, seed % 1000)
+    want = steer_by_the_rule(logits, req_ids, positions, tokens, oracle, agreement, seed % 1000)
+    assert got.dtype == dtype
+    assert torch.equal(got, want)
+    assert not torch.equal(got, logits), "the sample must steer some row"
+
+
+def test_steering_rejects_bad_arguments():
+    models = cached_models()
+    oracle = torch.full((1, models.config.max_context + 1), -1, dtype=torch.int64)
+    for bad in (1.5, -0.1, float("nan"), True, "0.5", None):
+        with pytest.raises(ValueError, match=r"agreement must be a number in \[0, 1\]"):
+            SteeredDraft(models.draft, oracle, bad, 0)
+    with pytest.raises(ValueError, match="oracle must be an int64"):
+        SteeredDraft(models.draft, oracle.float(), 0.5, 0)
+    draft = SteeredDraft(models.draft, oracle, 0.5, 0)
+    cache = models.target.new_cache(max_requests=1)
+    row = cache.table.alloc_row()
+    cache.table.reserve(row, 1)
+    batch = draft_batch([row], [0], torch.tensor([[3]]))                  # no req_ids
+    with pytest.raises(ValueError, match="SteeredDraft needs Batch.req_ids"):
+        draft.forward(cache, batch, torch.zeros((1, 1, models.config.hidden_size)))
+
+
+def test_forward_is_compute_then_deliver(seed):
+    models = build_models("tiny", seed=seed % 1000, logits_dtype="float8_e4m3fn", device="cpu")
+    cfg = models.config
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 3), generator=g)
+    feats = torch.randn((2, 3, cfg.hidden_size), generator=g)
+    cache = models.target.new_cache(max_requests=2)
+    rows = [cache.table.alloc_row() for _ in range(2)]
+    for r in rows:
+        cache.table.reserve(r, 3)
+    out = models.draft.forward(cache, draft_batch(rows, [0, 0], tokens), feats)
+    logits, hidden = models.draft.compute_logits(cache, draft_batch(rows, [0, 0], tokens), feats)
+    again = models.draft.deliver(logits, hidden)
+    assert logits.dtype == models.target.dtype and out.logits.dtype == torch.float8_e4m3fn
+    assert torch.equal(out.logits.view(torch.uint8), again.logits.view(torch.uint8))
+    assert torch.equal(out.scale, again.scale) and torch.equal(out.hidden, again.hidden)
+
+
+class RecordingDraft:
+    """Wraps a draft model and records each call's request ids, slot-table rows and live rows."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def forward(self, cache, batch, features):
+        self.calls.append((batch.req_ids.clone(), batch.rows.clone(), batch.q_lens.clone()))
+        return self.inner.forward(cache, batch, features)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["live-shapes", "padded-buckets"])
+def test_engine_passes_request_ids_in_every_draft_call(static):
+    import dataclasses
+
+    from specverify.engine.generate import new_requests
+    from specverify.engine.sampling import SamplingParams
+    from specverify.engine.speculative import SpecConfig, SpecDecoder, SpecRequest
+
+    plain = cached_models(compute_dtype="float64")
+    recorder = RecordingDraft(plain.draft)
+    models = dataclasses.replace(plain, draft=recorder)
+    spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=5)
+    reqs = new_requests([[5, 6, 7], [1], [9, 9], [4, 3, 2, 1], [8]], [3, 9, 6, 7, 2], 0, cls=SpecRequest)
+    dec = SpecDecoder(models, spec, SamplingParams(), eos_token_id=None, static_shapes=static)
+    dec.start(reqs)
+    while dec.running():
+        dec.step()
+    index_of_row = {r.row: r.index for r in reqs}
+    assert len(recorder.calls) >= 2 * spec.num_steps
+    for req_ids, rows, _ in recorder.calls:
+        assert req_ids is not None and req_ids.dtype == torch.int64 and req_ids.shape == rows.shape
+        want = [index_of_row.get(row, 0) for row in rows.tolist()]          # pad rows: request 0
+        assert req_ids.tolist() == want
+        assert any(row == dec.pad_row for row in rows.tolist()) <= static
+
+
+def test_engine_holds_no_steering_code():
+    """Issue 7 item 2.3: no oracle, agreement knob or steering inside specverify/ (identifiers)."""
+    import ast
+    import pathlib
+
+    import specverify
+
+    root = pathlib.Path(specverify.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [getattr(node, a) for a in ("id", "attr", "arg", "name") if isinstance(getattr(node, a, None), str)]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 40:
+                names.append(node.value)
+            found += [f"{path.relative_to(root.parent)}:{node.lineno} {n}" for n in names
+                      if any(w in n.lower() for w in ("oracle", "agreement", "steer"))]
+    assert found == []
 
 
 def test_build_models_rejects_unknown_dtypes():
@@ -108,7 +243,7 @@ def test_build_models_rejects_unknown_dtypes():
         build_models("tiny", logits_dtype="float8_e8m0", device="cpu")
     with pytest.raises(ValueError, match="compute_dtype must be one of"):
         build_models("tiny", compute_dtype="int8", device="cpu")
-    with pytest.raises(ValueError, match="preset 'huge' is unknown"):
+    with pytest.raises(ValueError, match=r"preset 'huge' is unknown|preset must be one of .*'huge'"):
         build_models("huge", device="cpu")
 
 

@@ -11,7 +11,7 @@ import reference
 import specverify
 from specverify import dtypes
 from specverify.engine.speculative import SpecConfig
-from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
+from tests.support.cases import cached_models, ragged_budgets, ragged_prompts, steered_cached_models
 
 pytestmark = pytest.mark.e2e
 
@@ -47,9 +47,11 @@ def assert_records_match(got, want, what):
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 @pytest.mark.parametrize("logits_dtype", ["float32", pytest.param("float8_e4m3fn", marks=pytest.mark.fp8)])
 def test_logprobs_match_reference(algorithm, mode, n, logits_dtype, seed):
-    models = cached_models(compute_dtype="float64", logits_dtype=logits_dtype, draft_agreement=0.6)
-    prompts = ragged_prompts(seed, 3, models.config.vocab_size, max_len=8)
+    plain = cached_models(compute_dtype="float64", logits_dtype=logits_dtype)
+    prompts = ragged_prompts(seed, 3, plain.config.vocab_size, max_len=8)
     budgets = ragged_budgets(seed, 3, high=9)
+    models = plain if ALGORITHMS[algorithm] is None else steered_cached_models(
+        0.6, prompts, budgets, ALGORITHMS[algorithm], compute_dtype="float64", logits_dtype=logits_dtype)
     out = specverify.generate(models, prompts, spec=ALGORITHMS[algorithm], max_new_tokens=budgets, logprobs=n,
                               seed=seed, **SAMPLING[mode])
     assert [len(r) for r in out.logprobs] == [len(t) for t in out.tokens]
@@ -61,8 +63,9 @@ def test_logprobs_match_reference(algorithm, mode, n, logits_dtype, seed):
 
 @pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree"])
 def test_speculative_and_target_only_logprobs_agree(algorithm, seed):
-    models = cached_models(compute_dtype="float64", draft_agreement=0.6)
-    prompts = ragged_prompts(seed, 4, models.config.vocab_size, max_len=8)
+    plain = cached_models(compute_dtype="float64")
+    prompts = ragged_prompts(seed, 4, plain.config.vocab_size, max_len=8)
+    models = steered_cached_models(0.6, prompts, 12, ALGORITHMS[algorithm], compute_dtype="float64")
     spec = specverify.generate(models, prompts, spec=ALGORITHMS[algorithm], max_new_tokens=12, logprobs=4)
     plain = specverify.generate(models, prompts, max_new_tokens=12, logprobs=4)
     assert spec.tokens == plain.tokens
@@ -83,11 +86,11 @@ def test_an_aborted_request_is_reported_preempted_with_its_tokens_so_far():
     from specverify.engine.sampling import SamplingParams
     from specverify.engine.speculative import SpecDecoder, SpecRequest
 
-    models = cached_models(compute_dtype="float64", draft_agreement=0.6)
-    reqs = new_requests([[1, 2, 3], [4, 5], [6]], [12] * 3, 0, cls=SpecRequest)
+    prompts, spec = [[1, 2, 3], [4, 5], [6]], SpecConfig(num_steps=2, topk=1)
+    models = steered_cached_models(0.6, prompts, 12, spec, compute_dtype="float64")
+    reqs = new_requests(prompts, [12] * 3, 0, cls=SpecRequest)
     channel = LogprobChannel(3, 2, max_rows=3)
-    decoder = SpecDecoder(models, SpecConfig(num_steps=2, topk=1), SamplingParams(), eos_token_id=None,
-                          channel=channel)
+    decoder = SpecDecoder(models, spec, SamplingParams(), eos_token_id=None, channel=channel)
     decoder.start(reqs)
     decoder.step()
     decoder.abort(reqs[1])
@@ -97,3 +100,18 @@ def test_an_aborted_request_is_reported_preempted_with_its_tokens_so_far():
     assert [r.status for r in results] == ["running", "preempted", "running"]
     assert [r.tokens for r in results] == [r.output for r in reqs]
     assert len(results[1].tokens) < 12 and len(results[1].logprobs) == len(results[1].tokens)
+
+
+@pytest.mark.fp8
+@pytest.mark.parametrize("algorithm", ["target-only", "eagle-tree"])
+@pytest.mark.parametrize("scale", [{"logits_scale": 0.37}, {"logits_scale_mode": "per_row"}],
+                         ids=["static-scale-0.37", "per-row-scale"])
+def test_logprobs_with_an_fp8_scale_match_reference(algorithm, scale, seed):
+    # Issue 7: with every logprob test at scale 1.0, dropping `* scale` before the log-softmax
+    # passed. A scale != 1 (static or per row) must reach the records exactly as the reference's.
+    models = cached_models(compute_dtype="float64", logits_dtype="float8_e4m3fn", **scale)
+    prompts = ragged_prompts(seed, 2, models.config.vocab_size, max_len=6)
+    out = specverify.generate(models, prompts, spec=ALGORITHMS[algorithm], max_new_tokens=5, logprobs=3)
+    for r, (prompt, tokens) in enumerate(zip(prompts, out.tokens)):
+        assert_records_match(out.logprobs[r], reference_records(models, prompt, tokens, 3),
+                             f"{algorithm}/{scale} request {r}")

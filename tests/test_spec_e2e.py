@@ -1,7 +1,8 @@
 """End-to-end greedy losslessness of EAGLE speculative decoding: `generate(spec=...)` equals
 `reference.generate` token for token over topk x steps x draft tokens x page size x batch x logits
 dtype x draft agreement. The CPU suite covers the matrix with an all-pairs design; the full product
-runs under the `slow` marker."""
+runs under the `slow` marker. Draft agreement is the test-side steering wrapper of
+`tests/support/steering.py` (the engine sees only a draft model)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import reference
 import specverify
 from specverify import dtypes
 from specverify.engine.speculative import SpecConfig
+from specverify.models import preset_config
 from tests.support.allpairs import all_pairs, uncovered_pairs
 from tests.support.asserts import assert_tokens_equal
-from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
+from tests.support.cases import cached_models, ragged_budgets, ragged_prompts, steered_cached_models
 
 pytestmark = pytest.mark.e2e
 
@@ -43,6 +45,12 @@ def case_id(c: dict) -> str:
     return "-".join(f"{k}={v}" for k, v in c.items())
 
 
+# Every SpecConfig of the matrix: the steering pre-run covers the largest draft region, so the
+# cases of one workload share one pre-run.
+ALL_SPECS = [SpecConfig(num_steps=s, topk=k, num_draft_tokens=draft_tokens(k, s, d))
+             for k in FACTORS["topk"] for s in FACTORS["steps"] for d in FACTORS["draft"]]
+VOCAB = preset_config("tiny").vocab_size
+
 PAIRWISE = all_pairs(FACTORS)
 FULL = [dict(zip(FACTORS, values)) for values in itertools.product(*FACTORS.values())]
 
@@ -60,9 +68,9 @@ def workload(bs: int, vocab: int):
 
 def run_case(c: dict, nodeid: str) -> None:
     d = draft_tokens(c["topk"], c["steps"], c["draft"])
-    models = cached_models(compute_dtype="float64", logits_dtype=c["logits_dtype"],
-                           draft_agreement=AGREEMENT[c["agreement"]])
-    prompts, budgets = workload(c["bs"], models.config.vocab_size)
+    prompts, budgets = workload(c["bs"], VOCAB)
+    models = steered_cached_models(AGREEMENT[c["agreement"]], prompts, budgets, ALL_SPECS,
+                                   compute_dtype="float64", logits_dtype=c["logits_dtype"])
     spec = SpecConfig(num_steps=c["steps"], topk=c["topk"], num_draft_tokens=d, page_size=c["page_size"])
     out = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets)
     want = [list(t) for t in reference_tokens(c["logits_dtype"], c["bs"])]
@@ -96,20 +104,21 @@ def test_pairwise_design_covers_every_pair():
 
 
 def test_partial_agreement_accepts_some_but_not_all():
-    models = cached_models(compute_dtype="float64", draft_agreement=0.5)
-    prompts, budgets = workload(8, models.config.vocab_size)
-    out = specverify.generate(models, prompts, spec=SpecConfig(num_steps=3, topk=1), max_new_tokens=[14] * 8)
+    prompts, _ = workload(8, VOCAB)
+    spec = SpecConfig(num_steps=3, topk=1)
+    models = steered_cached_models(0.5, prompts, 14, spec, compute_dtype="float64")
+    out = specverify.generate(models, prompts, spec=spec, max_new_tokens=[14] * 8)
     lengths = [n for req in out.accept_lengths for n in req[:-1]]
     assert 1 in lengths and 4 in lengths and any(1 < n < 4 for n in lengths)
 
 
 @pytest.mark.parametrize("topk,steps,d", [(1, 3, 4), (2, 3, 6)])
 def test_eos_in_the_middle_of_an_accepted_run(topk, steps, d, request):
-    models = cached_models(compute_dtype="float64", draft_agreement=1.0)
-    prompts, _ = workload(3, models.config.vocab_size)
+    prompts, _ = workload(3, VOCAB)
+    spec = SpecConfig(num_steps=steps, topk=topk, num_draft_tokens=d)
+    models = steered_cached_models(1.0, prompts, 12, spec, compute_dtype="float64")
     free = reference.generate(models, prompts, max_new_tokens=12).tokens
     eos = free[2][5]
-    spec = SpecConfig(num_steps=steps, topk=topk, num_draft_tokens=d)
     got = specverify.generate(models, prompts, spec=spec, max_new_tokens=12, eos_token_id=eos)
     want = reference.generate(models, prompts, max_new_tokens=12, eos_token_id=eos)
     assert_tokens_equal(got.tokens, want.tokens, "speculative greedy with EOS", request.node.nodeid)
@@ -121,11 +130,11 @@ def test_abort_mid_flight_frees_pages_and_spares_the_others(request):
     from specverify.engine.sampling import SamplingParams
     from specverify.engine.speculative import SpecDecoder, SpecRequest
 
-    models = cached_models(compute_dtype="float64", draft_agreement=0.5)
-    prompts, _ = workload(3, models.config.vocab_size)
+    prompts, _ = workload(3, VOCAB)
+    spec = SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, page_size=4)
+    models = steered_cached_models(0.5, prompts, 14, spec, compute_dtype="float64")
     reqs = new_requests(prompts, [14] * 3, 0, cls=SpecRequest)
-    decoder = SpecDecoder(models, SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, page_size=4),
-                          SamplingParams(), eos_token_id=None)
+    decoder = SpecDecoder(models, spec, SamplingParams(), eos_token_id=None)
     decoder.start(reqs)
     decoder.step()
     free_before = decoder.cache.table.num_free_pages
@@ -143,10 +152,10 @@ def test_abort_mid_flight_frees_pages_and_spares_the_others(request):
 def test_every_profile_is_lossless_on_tie_heavy_fp8(platform, request):
     """The fast path (cpu, cuda) and the softmax path (rocm) both honour the tie contract."""
     fmt = "float8_e5m2fnuz" if platform == "rocm-emulated" else "float8_e5m2"
-    models = cached_models(compute_dtype="float64", logits_dtype=fmt, draft_agreement=0.5)
-    prompts, budgets = workload(3, models.config.vocab_size)
-    got = specverify.generate(models, prompts, spec=SpecConfig(num_steps=3, topk=1), max_new_tokens=budgets,
-                              platform=platform)
+    prompts, budgets = workload(3, VOCAB)
+    spec = SpecConfig(num_steps=3, topk=1)
+    models = steered_cached_models(0.5, prompts, budgets, spec, compute_dtype="float64", logits_dtype=fmt)
+    got = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets, platform=platform)
     assert_tokens_equal(got.tokens, [list(t) for t in reference_tokens(fmt, 3)], f"{platform} {fmt}",
                         request.node.nodeid)
 
@@ -156,7 +165,7 @@ def test_spec_config_validation():
         SpecConfig(num_steps=3, topk=1, num_draft_tokens=3)
     with pytest.raises(ValueError, match=r"num_draft_tokens must be in \[2, 7\]"):
         SpecConfig(num_steps=2, topk=2, num_draft_tokens=8)
-    with pytest.raises(ValueError, match="algorithm must be 'eagle'"):
+    with pytest.raises(ValueError, match=r"algorithm must be (one of \('eagle',\)|'eagle')"):
         SpecConfig(algorithm="medusa")
     with pytest.raises(ValueError, match="num_steps must be >= 1"):
         SpecConfig(num_steps=0)
@@ -167,9 +176,9 @@ def test_spec_config_validation():
 def test_hybrid_model_is_lossless(topk, steps, d, page_size, request):
     """Recurrent layers: the verify keeps a state per tree node and the commit keeps the last
     accepted node's state; any mistake there changes later tokens."""
-    models = cached_models(compute_dtype="float64", hybrid=True, draft_agreement=0.6)
-    prompts, budgets = workload(3, models.config.vocab_size)
+    prompts, budgets = workload(3, VOCAB)
     spec = SpecConfig(num_steps=steps, topk=topk, num_draft_tokens=d, page_size=page_size)
+    models = steered_cached_models(0.6, prompts, budgets, spec, compute_dtype="float64", hybrid=True)
     got = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets)
     want = reference.generate(models, prompts, max_new_tokens=budgets).tokens
     assert_tokens_equal(got.tokens, want, f"hybrid speculative greedy k={topk} S={steps} D={d}", request.node.nodeid)

@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-from specverify.engine.generate import (GenerationOutput, Request, emit_tokens, extend_batch, generate_target_only,
+from specverify.engine.generate import (CycleTrace, GenerationOutput, Request, emit_tokens, extend_batch,
                                         logprobs_out, new_requests, pages_needed)
 from specverify.engine.logprobs import LogprobChannel
 from specverify.engine.spec_config import SpecConfig
@@ -43,11 +43,12 @@ class DraftState:
 class SpecRequest(Request):
     accept_lengths: list = dataclasses.field(default_factory=list)
     spec_gen: torch.Generator | None = None
-    oracle: torch.Tensor | None = None      # [max_context] target greedy sequence, -1 beyond
 
 
 class SpecDecoder:
     """Runs speculative cycles over a batch of requests; requests may finish or be aborted."""
+
+    traces: list[list[CycleTrace]] | None = None   # per request index; set to record (trace=True)
 
     def __init__(self, models: Models, config: SpecConfig, params: SamplingParams, *,
                  eos_token_id: int | None, channel: LogprobChannel | None = None,
@@ -132,7 +133,10 @@ class SpecDecoder:
             self._max_kv = self.max_ctx
             out = self.runner.run(inputs)
         else:
-            self._max_kv = max(kv + len(t) for kv, t in zip(kv_lens, tokens)) + self.region + self.k
+            # Every draft entry lies below kv + len(t) + region, which the fit check keeps within
+            # max_context; the bound must not pass the table's max_context columns.
+            self._max_kv = min(max(kv + len(t) for kv, t in zip(kv_lens, tokens)) + self.region + self.k,
+                               self.max_ctx)
             out = self._draft_fn(inputs)
         return DraftState(out["roots"], out["kept_flat"], out["kept_tokens"], out["beam_flat"])
 
@@ -147,8 +151,6 @@ class SpecDecoder:
         f = feats.new_zeros((bs, q, feats.shape[-1]))
         f[:, :min(q, feats.shape[1])] = feats[:, :q]
         inputs["feats"] = f
-        if reqs[0].oracle is not None:
-            inputs["oracle"] = torch.stack([r.oracle for r in reqs]).to(self.dev)
         return inputs
 
     def _make_runner(self) -> BucketGraphRunner:
@@ -158,8 +160,6 @@ class SpecDecoder:
                "q_lens": torch.ones((), **i64), "rows": torch.full((), self.pad_row, **i64),
                "req_ids": torch.zeros((), **i64),
                "feats": torch.zeros(self.S + 1, h, dtype=self.models.target.dtype, device=self.dev)}
-        if self.reqs[0].oracle is not None:
-            pad["oracle"] = torch.full((self.max_ctx + 1,), -1, **i64)
         graphs = self.config.cuda_graph and resolve(self.platform).cuda_graphs and self.dev.type == "cuda"
         return BucketGraphRunner(self._draft_fn, pad, use_graphs=graphs)
 
@@ -168,51 +168,33 @@ class SpecDecoder:
         captured in a CUDA graph (the max_kv bound is fixed per shape)."""
         head, k = self.models.draft, self.k
         tokens, kv_lens, q_lens, rows = inp["tokens"], inp["kv_lens"], inp["q_lens"], inp["rows"]
-        oracle = inp.get("oracle")
+        req_ids = inp["req_ids"]                                            # [bs] index in the prompt list
         bs, q = tokens.shape
         ar = torch.arange(bs, device=self.dev)
         mask, parents = chain_mask(bs, q, self.dev)
         # x_t sits at draft index t-1, position t.
         positions = kv_lens[:, None] + 1 + torch.arange(q, device=self.dev)[None, :]
-        batch = Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, self._max_kv)
-        keys = inp["req_ids"][:, None] * (self.max_ctx + 1)
-        nxt = None if oracle is None else oracle.gather(1, (positions + 1).clamp(max=self.max_ctx))
-        out = head.forward(self.cache, batch, inp["feats"], oracle_next=nxt,
-                           oracle_keys=None if oracle is None else keys + positions + 1)
+        batch = Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, self._max_kv, req_ids=req_ids)
+        out = head.forward(self.cache, batch, inp["feats"])
         last = (q_lens - 1).clamp(min=0)
         p0, idx0 = select_draft_topk(out.logits[ar, last], k, platform=self.platform, scale=out.scale[ar, last])
         prefix = kv_lens + q_lens                                           # draft prefix = root position
         roots = tokens[ar, last]
         search = start_search(p0, idx0, self.S)
         hidden = out.hidden[ar, last][:, None, :].expand(-1, k, -1)         # [bs, k, H]
-        on = self._on_path(oracle, prefix[:, None], roots[:, None], None)
-        beam_on = self._on_path(oracle, prefix[:, None] + 1, search.tokens, on)
         for step in range(1, self.S):
             pos = (prefix + step)[:, None].expand(-1, k)                    # beams sit at depth `step`
             region = (step - 1) * k
             dbatch = Batch(search.tokens, pos, rows, prefix, torch.full_like(prefix, k),
-                           search.ancestors[:, :, :region + k], torch.full_like(pos, -1), self._max_kv, region)
-            nxt = None
-            if oracle is not None:
-                nxt = torch.where(beam_on, oracle.gather(1, (pos + 1).clamp(max=self.max_ctx)),
-                                  torch.full_like(pos, -1))
-            dout = head.forward(self.cache, dbatch, hidden, oracle_next=nxt,
-                                oracle_keys=None if oracle is None else keys + pos + 1)
+                           search.ancestors[:, :, :region + k], torch.full_like(pos, -1), self._max_kv, region,
+                           req_ids=req_ids)
+            dout = head.forward(self.cache, dbatch, hidden)
             p, idx = select_draft_topk(dout.logits.reshape(bs * k, -1), k, platform=self.platform,
                                        scale=dout.scale.reshape(bs * k, 1))
             parent = expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k))
             hidden = dout.hidden.gather(1, parent[:, :, None].expand(-1, -1, dout.hidden.shape[-1]))
-            beam_on = self._on_path(oracle, pos + 1, search.tokens, beam_on.gather(1, parent))
         kept_flat, kept_tokens, beam_flat = finish_search(search, self.D)
         return {"roots": roots, "kept_flat": kept_flat, "kept_tokens": kept_tokens, "beam_flat": beam_flat}
-
-    def _on_path(self, oracle, pos, tokens, parent_on):
-        """[bs, m] bool: the node's token is the target's greedy token at `pos`, and so are its
-        ancestors'. Without an oracle nothing is known to be on the path."""
-        if oracle is None:
-            return torch.zeros_like(tokens, dtype=torch.bool)
-        on = oracle.gather(1, pos.clamp(max=self.max_ctx)) == tokens
-        return on if parent_on is None else on & parent_on
 
     # -- verify and commit -----------------------------------------------------------------
     def step(self) -> None:
@@ -231,12 +213,15 @@ class SpecDecoder:
         else:
             tree = build_tree(st.roots, st.kept_flat, st.kept_tokens, st.beam_flat, n, topk=self.k, num_steps=self.S)
         rows = torch.tensor([r.row for r in reqs], device=self.dev)
+        req_ids = torch.tensor([r.index for r in reqs], device=self.dev)
         batch = Batch(tree.tokens, tree.positions, rows, n, torch.full_like(n, self.D), tree.mask, tree.parents,
-                      int(n.max()) + self.D)
+                      int(n.max()) + self.D, req_ids=req_ids)
         out = self.models.target.forward(self.cache, batch, commit_state=False)
         accept, num_correct, bonus = self._accept(reqs, tree, out)
         self._commit(reqs, rows, n, accept, out)
         new_tokens = self._emit(reqs, tree, accept, num_correct, bonus)
+        if self.traces is not None:
+            self._record(reqs, tree, accept)
         if self.channel is not None:
             self._send_logprobs(reqs, accept, out)
         # Draft-extend over the accepted drafts and the bonus, fed by the target hidden states.
@@ -253,6 +238,13 @@ class SpecDecoder:
             self.state = self.draft_phase([reqs[b] for b in cont], [new_tokens[b] for b in cont], feats[sel],
                                           [reqs[b].cached - len(new_tokens[b]) for b in cont], static=self.static)
             self._state_reqs = [reqs[b] for b in cont]
+
+    def _record(self, reqs, tree: DraftTree, accept) -> None:
+        """trace=True: one CycleTrace per running request (the only extra readbacks)."""
+        tokens, parents, nodes = tree.tokens.tolist(), tree.parents.tolist(), accept.tolist()
+        for b, r in enumerate(reqs):
+            taken = r.accept_lengths[-1]
+            self.traces[r.index].append(CycleTrace(tokens[b], parents[b], nodes[b], r.output[len(r.output) - taken:]))
 
     def _accept(self, reqs, tree: DraftTree, out):
         if self.params.greedy:
@@ -312,9 +304,12 @@ SPEC_STREAM_SALT = 0x5BD1E995
 
 def generate_speculative(models: Models, prompts, budgets: list[int], spec: SpecConfig, params: SamplingParams, *,
                          seed: int, eos_token_id, num_logprobs: int = 0, platform=None,
-                         static_shapes: bool | None = None) -> GenerationOutput:
+                         static_shapes: bool | None = None, trace: bool = False) -> GenerationOutput:
     """Speculative decoding of every prompt; see `specverify.generate`."""
     cfg = models.config
+    if spec.topk > cfg.vocab_size:
+        raise ValueError(f"spec.topk {spec.topk} exceeds the vocabulary size {cfg.vocab_size} "
+                         f"(the draft picks topk distinct tokens per step)")
     region = max(spec.draft_tokens, (spec.num_steps - 1) * spec.topk)
     for i, (p, n) in enumerate(zip(prompts, budgets)):
         if len(p) + n + region + 1 > cfg.max_context:
@@ -323,27 +318,14 @@ def generate_speculative(models: Models, prompts, budgets: list[int], spec: Spec
     reqs = new_requests(prompts, budgets, seed, cls=SpecRequest)
     for r in reqs:
         r.spec_gen = torch.Generator("cpu").manual_seed(seed * 1_000_003 + r.index + SPEC_STREAM_SALT)
-    if models.draft.agreement is not None:
-        attach_oracle(models, reqs, region)
     channel = LogprobChannel(len(reqs), num_logprobs, max_rows=spec.num_steps + 1) if num_logprobs else None
     decoder = SpecDecoder(models, spec, params, eos_token_id=eos_token_id, channel=channel,
                           platform=platform, static_shapes=static_shapes)
+    if trace:
+        decoder.traces = [[] for _ in reqs]
     decoder.start(reqs)
     while decoder.running():
         decoder.step()
-    return GenerationOutput([r.output for r in reqs], logprobs_out(channel), [r.accept_lengths for r in reqs])
+    return GenerationOutput([r.output for r in reqs], logprobs_out(channel), [r.accept_lengths for r in reqs],
+                            trace=decoder.traces)
 
-
-def attach_oracle(models: Models, reqs: list[SpecRequest], region: int) -> None:
-    """Give each request the target's greedy sequence (prompt + continuation past its budget), so
-    a draft head with an agreement knob knows the token it should propose. Under sampling the
-    knob steers towards the greedy path while the sampled sequence stays on it."""
-    ctx = models.config.max_context
-    budgets = [min(r.max_new_tokens + region + 1, ctx - len(r.prompt)) for r in reqs]
-    look = [Request(r.index, r.prompt, n, torch.zeros(n, dtype=torch.float64)) for r, n in zip(reqs, budgets)]
-    generate_target_only(models, look, SamplingParams(), eos_token_id=None, channel=None, page_size=1)
-    for r, lk in zip(reqs, look):
-        seq = torch.full((ctx + 1,), -1, dtype=torch.int64)
-        full = torch.tensor(r.prompt + lk.output, dtype=torch.int64)
-        seq[:len(full)] = full
-        r.oracle = seq

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from specverify import dtypes
-from specverify.models.config import ModelConfig, preset as preset_config
+from specverify.models.config import ModelConfig, check_build_args, preset as preset_config
 from specverify.models.draft import DraftHead
 from specverify.models.kv_cache import CacheFullError, KVBuffers, SlotTable, StateBuffers
 from specverify.models.layers import Batch, chain_mask
@@ -28,35 +28,36 @@ class Models:
     target_weights: dict[str, torch.Tensor]   # float64 CPU masters (what the reference reads)
     draft_weights: dict[str, torch.Tensor]
     target: TargetModel
-    draft: DraftHead
+    draft: DraftHead            # or any draft model with the same `forward(cache, batch, features)`
 
     @property
     def device(self) -> torch.device:
         return self.target.device
 
 
-def build_models(preset: str = "tiny", *, seed: int = 0, draft_agreement: float | None = None,
-                 hybrid: bool = False, compute_dtype: str = "float32", logits_dtype: str = "float32",
+def build_models(preset: str = "tiny", *, seed: int = 0, hybrid: bool = False,
+                 compute_dtype: str = "float32", logits_dtype: str = "float32",
                  logits_scale: float | None = None, logits_scale_mode: str = "static",
                  platform=None, device: str | None = None) -> Models:
     """Build the `preset` models ("tiny" or "small") deterministically from `seed`.
 
-    draft_agreement: None for the plain draft head, or a probability in [0, 1] that the head
-    proposes the target's greedy token wherever the caller tells it that token (1.0 = always
-    right oracle, 0.0 = always wrong oracle).
+    The draft is the plain EAGLE head. Tests steer it towards the target (an agreement rate)
+    with a wrapper of their own (`tests/support/steering.py`), never through the engine.
     """
-    for arg, value, allowed in (("compute_dtype", compute_dtype, dtypes.COMPUTE_DTYPES),
-                                ("logits_dtype", logits_dtype, dtypes.LOGITS_DTYPES)):
-        if value not in allowed:
-            raise ValueError(f"{arg} must be one of {allowed}, got {value!r}")
+    profile = check_build_args(preset=preset, seed=seed, hybrid=hybrid, compute_dtype=compute_dtype,
+                               logits_dtype=logits_dtype, logits_scale=logits_scale,
+                               logits_scale_mode=logits_scale_mode, platform=platform, device=device,
+                               compute_dtypes=dtypes.COMPUTE_DTYPES, logits_dtypes=dtypes.LOGITS_DTYPES,
+                               scale_modes=dtypes.SCALE_MODES)
+    seed = int(seed)
     cfg = preset_config(preset, hybrid=hybrid)
     changes = dict(compute_dtype=compute_dtype, logits_dtype=logits_dtype, logits_scale_mode=logits_scale_mode)
     if logits_scale is not None:
         changes["logits_scale"] = logits_scale
     cfg = cfg.replace(**changes)
     if device is None:
-        device = resolve(platform).device
+        device = (profile or resolve(None)).device
     tw, dw = target_weights(cfg, seed), draft_weights(cfg, seed)
     target = TargetModel(cfg, tw, device)
-    draft = DraftHead(cfg, dw, target.w, agreement=draft_agreement, seed=seed, dtype=target.dtype, device=device)
+    draft = DraftHead(cfg, dw, target.w, dtype=target.dtype, device=device)
     return Models(cfg, seed, tw, dw, target, draft)

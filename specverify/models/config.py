@@ -65,3 +65,55 @@ def preset(name: str, *, hybrid: bool = False) -> ModelConfig:
                            layer_kinds=_layer_kinds(8, hybrid), num_rec_heads=4, rec_key_dim=32,
                            rec_value_dim=64, init_std=1.0)
     raise ValueError(f"preset {name!r} is unknown; expected 'tiny' or 'small'")
+
+
+MAX_SEED = 2**32 - 1    # seeds are 32-bit: every derived generator seed stays inside torch's range
+
+
+def check_build_args(*, preset, seed, hybrid, compute_dtype, logits_dtype, logits_scale, logits_scale_mode,
+                     platform, device, compute_dtypes, logits_dtypes, scale_modes):
+    """Validate `build_models` arguments up front (TypeError for types, ValueError for values).
+    Returns the platform profile whose FP8 policy was enforced (None when none was named)."""
+    from specverify.platform import PlatformProfile, resolve
+    from specverify.validation import check_bool, check_choice, check_int, check_real
+
+    check_choice("preset", preset, ("tiny", "small"))
+    check_int("seed", seed, 0, MAX_SEED)
+    check_bool("hybrid", hybrid)
+    check_choice("compute_dtype", compute_dtype, compute_dtypes)
+    check_choice("logits_dtype", logits_dtype, logits_dtypes)
+    check_choice("logits_scale_mode", logits_scale_mode, scale_modes)
+    if logits_scale is not None:
+        # The scale is applied in float32: it must be a finite, positive float32 value.
+        check_real("logits_scale", logits_scale, 0.0, FLOAT32_MAX, lo_open=True,
+                   why="a static FP8 scale, finite and > 0 in float32")
+        if float(_float32(logits_scale)) == 0.0:
+            raise ValueError(f"logits_scale must be > 0 in float32, got {logits_scale!r} (rounds to 0)")
+    if platform is not None and not isinstance(platform, (PlatformProfile, str)):
+        raise TypeError(f"platform must be None, a profile name or a PlatformProfile, got {type(platform).__name__}")
+    profile = resolve(platform) if platform is not None else None
+    if profile is not None and logits_dtype.startswith("float8") and not profile.supports_fp8(logits_dtype):
+        raise ValueError(f"logits_dtype {logits_dtype!r} is not an FP8 format of platform profile {profile.name!r} "
+                         f"(it serves {profile.fp8_formats})")
+    if device is not None:
+        import torch
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"device must be None, a str or a torch.device, got {type(device).__name__}")
+        try:
+            kind = torch.device(device).type
+        except RuntimeError:
+            raise ValueError(f"device {device!r} is not a torch device ('cpu', 'cuda', 'cuda:0', ...)") from None
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"device must be a 'cpu' or 'cuda' device, got {device!r}")
+    return profile
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _float32(x):
+    import struct
+    try:
+        return struct.unpack("<f", struct.pack("<f", float(x)))[0]
+    except OverflowError:
+        return float("inf")

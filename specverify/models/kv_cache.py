@@ -63,7 +63,10 @@ class SlotTable:
         if new:
             first = len(pages) * self.page_size
             slots = torch.tensor(new, dtype=torch.int64)[:, None] * self.page_size + torch.arange(self.page_size)
-            self.req_to_token[row, first:first + slots.numel()] = slots.flatten().to(self.req_to_token.device)
+            # The last page may stick out past max_context (page_size need not divide it): the
+            # table has max_context columns, so only the slots of indices < max_context are mapped.
+            slots = slots.flatten()[:self.max_context - first]
+            self.req_to_token[row, first:first + slots.numel()] = slots.to(self.req_to_token.device)
             pages.extend(new)
 
     def shrink(self, row: int, length: int) -> None:

@@ -50,6 +50,9 @@ class Batch:
     max_kv: int                 # upper bound of kv_lens + region + q_lens (fixed per graph bucket)
     region: int = 0             # entries after the prefix written by earlier forwards (a draft
                                 # tree's earlier steps); new tokens go to kv_lens + region + j
+    req_ids: torch.Tensor | None = None   # [bs] int64 each row's request: its index in the prompt
+                                          # list (padded rows of a graph bucket: 0). Engines carry
+                                          # request identity in the batch; models may ignore it.
 
     @property
     def live(self) -> torch.Tensor:

@@ -1,0 +1,169 @@
+"""Draft steering: a test-side draft-model wrapper that makes acceptance a knob.
+
+A draft head with random weights almost never agrees with the target, so acceptance would be
+"never". Tests and benchmarks steer it towards the target's greedy continuation instead, with a
+wrapper the engine sees as just another draft model (`forward(cache, batch, features)`); the engine
+itself holds no oracle and no knob.
+
+The oracle. `oracle [R, max_context + 1]` int64: row r is request r's prompt followed by the
+target-only greedy continuation (the pre-run), -1 beyond what is known; the last column is always
+-1. `steered_models` runs the pre-run with the optimized target-only decoder and enough budget for
+the speculative run: `max_new_tokens + region + 1` tokens (capped by max_context), where
+`region = max(num_draft_tokens, (num_steps - 1) * topk)` is what a cycle uses past the prefix.
+
+The rule (`steer_logits`, applied to the compute-dtype logits before they are delivered in the
+logits dtype). For a draft-head row whose input token `tau` sits at position `p` of request `r`
+(`r` = `Batch.req_ids`, the request's index in the prompt list):
+
+- the row is **on the oracle path** iff `oracle[r, p] == tau` and `oracle[r, p + 1] >= 0`
+  (and `p + 1 <= max_context`); rows off the path are left unchanged;
+- on the path, with `key = r * (max_context + 1) + p + 1` and `u = agreement_draw(seed, key)`
+  (a deterministic 32-bit mixing hash, uniform in [0, 1)): if `u < agreement` the token
+  `oracle[r, p + 1]` gets the logit `amax(row) + 8` (the unambiguous top choice), otherwise it
+  gets `-inf` (never proposed).
+
+So `agreement = 1` is the always-right draft (a verify accepts `min(D, S + 1)` tokens per greedy
+cycle), `0` the always-wrong one (1 token per cycle), and the same (request, position) meets the
+same fate in every run. A row is steered on its own token only: no ancestor tracking, so a tree
+node whose token happens to equal the oracle's at its position is steered too. The function is
+pure torch on any float dtype and device, with no host syncs, so it runs inside captured CUDA
+graphs; the reference speculative decoder applies the same function to its own logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import torch
+
+PEAK_MARGIN = 8.0   # logit margin that makes the steered token the unambiguous top choice
+
+_M32 = 0xFFFFFFFF
+
+
+def check_agreement(agreement) -> float:
+    """`agreement` as a float in [0, 1], or a ValueError naming the argument and the bound."""
+    if isinstance(agreement, bool) or not isinstance(agreement, (int, float)) or math.isnan(agreement) \
+            or not 0.0 <= agreement <= 1.0:
+        raise ValueError(f"agreement must be a number in [0, 1], got {agreement!r}")
+    return float(agreement)
+
+
+def agreement_draw(seed: int, keys: torch.Tensor) -> torch.Tensor:
+    """Deterministic uniform in [0, 1) per int64 key (a small 32-bit mixing hash); float64."""
+    x = (keys.to(torch.int64) * 0x9E3779B1 + (seed & 0x7FFF) * 0x632BE5AB) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    x = x ^ (x >> 16)
+    return x.to(torch.float64) / 2.0 ** 32
+
+
+def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor,
+                 oracle: torch.Tensor, agreement: float, seed: int) -> torch.Tensor:
+    """Apply the steering rule of the module docstring; returns new logits (same dtype, device).
+
+    logits: [..., V] float; positions, tokens: [...] int64 (one per logits row);
+    req_ids: int64, broadcastable to positions from the left ([bs] for [bs, q] rows, or the
+    same shape); oracle: [R, max_context + 1] int64 on the logits' device.
+    """
+    agreement = check_agreement(agreement)
+    ctx = oracle.shape[1] - 1
+    r = req_ids.reshape(tuple(req_ids.shape) + (1,) * (positions.dim() - req_ids.dim())).expand_as(positions)
+    p = positions.clamp(0, ctx)
+    nxt = oracle[r, (p + 1).clamp(max=ctx)]
+    on = (oracle[r, p] == tokens) & (nxt >= 0) & (positions >= 0) & (positions < ctx)
+    agree = agreement_draw(seed, r * (ctx + 1) + p + 1) < agreement
+    peak = logits.amax(-1, keepdim=True) + PEAK_MARGIN
+    value = torch.where(agree[..., None], peak, torch.full_like(peak, float("-inf")))
+    steered = logits.scatter(-1, nxt.clamp(min=0)[..., None], value)
+    return torch.where(on[..., None], steered, logits)
+
+
+class SteeredDraft:
+    """A draft model that steers `inner` (a `DraftHead`, or anything with `compute_logits` and
+    `deliver`) by `steer_logits` with a fixed oracle. Same `forward` interface as the head."""
+
+    def __init__(self, inner, oracle: torch.Tensor, agreement: float, seed: int):
+        self.agreement = check_agreement(agreement)
+        if oracle.dtype != torch.int64 or oracle.dim() != 2:
+            raise ValueError(f"oracle must be an int64 [requests, max_context + 1] tensor, got "
+                             f"{oracle.dtype} {tuple(oracle.shape)}")
+        self.inner = inner
+        self.seed = int(seed)
+        self.oracle = oracle.to(inner.device)
+
+    @property
+    def config(self):
+        return self.inner.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device
+
+    def compute_logits(self, cache, batch, features) -> tuple[torch.Tensor, torch.Tensor]:
+        if batch.req_ids is None:
+            raise ValueError("SteeredDraft needs Batch.req_ids (the engine fills it in every draft call)")
+        logits, hidden = self.inner.compute_logits(cache, batch, features)
+        return steer_logits(logits, batch.req_ids, batch.positions, batch.input_ids, self.oracle,
+                            self.agreement, self.seed), hidden
+
+    def deliver(self, logits: torch.Tensor, hidden: torch.Tensor):
+        return self.inner.deliver(logits, hidden)
+
+    def forward(self, cache, batch, features):
+        return self.deliver(*self.compute_logits(cache, batch, features))
+
+
+def draft_region(spec) -> int:
+    """Cache entries past the prefix that one speculative cycle of `spec` uses."""
+    return max(spec.draft_tokens, (spec.num_steps - 1) * spec.topk)
+
+
+def lookahead(models, prompts, max_new_tokens, spec) -> list[int]:
+    """Per request, the tokens of the pre-run: max_new_tokens + region + 1, capped by max_context.
+
+    spec: a SpecConfig, or several (the largest region counts)."""
+    specs = [spec] if hasattr(spec, "topk") else list(spec)
+    region = max(draft_region(s) for s in specs)
+    budgets = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+    ctx = models.config.max_context
+    return [min(int(n) + region + 1, ctx - len(p)) for p, n in zip(prompts, budgets)]
+
+
+def oracle_sequences(models, prompts: Sequence[Sequence[int]], budgets: Sequence[int]) -> torch.Tensor:
+    """[len(prompts), max_context + 1] int64: prompt + the target-only greedy continuation of
+    `budgets[r]` tokens (the optimized decoder's pre-run), -1 beyond."""
+    import specverify
+
+    ctx = models.config.max_context
+    oracle = torch.full((len(prompts), ctx + 1), -1, dtype=torch.int64)
+    # Greedy decoding of a request does not depend on its batch: run each distinct one once.
+    jobs = sorted({(tuple(int(t) for t in p), int(n)) for p, n in zip(prompts, budgets) if n >= 1})
+    done = {}
+    if jobs:
+        out = specverify.generate(models, [list(p) for p, _ in jobs], max_new_tokens=[n for _, n in jobs])
+        done = dict(zip(jobs, out.tokens))
+    for i, (p, n) in enumerate(zip(prompts, budgets)):
+        p = tuple(int(t) for t in p)
+        seq = torch.tensor(list(p) + done.get((p, int(n)), []), dtype=torch.int64)
+        oracle[i, :len(seq)] = seq
+    return oracle
+
+
+def steered_models(models, prompts, max_new_tokens, *, agreement: float, spec, seed: int | None = None,
+                   oracle: torch.Tensor | None = None):
+    """`models` with its draft wrapped in a `SteeredDraft` for this workload.
+
+    Runs the target-only greedy pre-run (unless `oracle` is given, e.g. from a cache) with the
+    budget of `lookahead`. seed: the agreement hash seed (default: the models' seed). A draft
+    that is already steered is replaced, not wrapped twice."""
+    agreement = check_agreement(agreement)
+    if oracle is None:
+        oracle = oracle_sequences(models, prompts, lookahead(models, prompts, max_new_tokens, spec))
+    inner = models.draft.inner if isinstance(models.draft, SteeredDraft) else models.draft
+    draft = SteeredDraft(inner, oracle, agreement, models.seed if seed is None else seed)
+    return dataclasses.replace(models, draft=draft)
