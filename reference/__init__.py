@@ -10,10 +10,15 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 - `select_draft_topk` / `topk_order` / `build_tree` / `greedy_verify` / `stochastic_verify`:
   the speculative ops (section 6), and `first_token_distribution` / `emitted_path_probability`,
   the exact law of stochastic verify's output;
+- `eagle` (`generate_speculative`, `SpecReferenceOutput`, `RequestTrace`, `CycleTrace`, `NearTie`):
+  a cache-free EAGLE speculative decoder that returns its per-cycle trace and flags near-ties;
 - `legacy_encode` / `legacy_decode` / `packed_header` / `split_header` / `packed_decode`: the
   speculative logprob message read byte by byte (docs/protocol.md).
 """
 
+from reference import eagle
+from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
+from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
 from reference.logits import ConvertedLogits, convert_logits, greedy_token, row_scale
 from reference.model import forward, forward_logits, tree_node_logits
@@ -41,6 +46,10 @@ from reference.spec import (
 __all__ = [
     "DEFAULT_PROTOCOL_CAPACITY",
     "ConvertedLogits",
+    "CycleTrace",
+    "NearTie",
+    "RequestTrace",
+    "SpecReferenceOutput",
     "ProtocolCapacity",
     "RefTree",
     "ReferenceOutput",
@@ -50,10 +59,12 @@ __all__ = [
     "draw",
     "emitted_path_probability",
     "filtered_probs",
+    "eagle",
     "first_token_distribution",
     "forward",
     "forward_logits",
     "generate",
+    "generate_speculative",
     "greedy_token",
     "greedy_verify",
     "legacy_decode",

@@ -1,0 +1,266 @@
+"""Trace equality (DESIGN invariant 8, docs/semantics.md 6.5): `generate(spec=..., trace=True)`
+equals the cache-free reference speculative decoder `reference.eagle.generate` cycle by cycle —
+tree tokens, tree parents, accepted nodes, emitted tokens — and in its final tokens, for greedy
+and for sampling (the same explicit uniforms on both sides).
+
+The matrix is all-pairs over topk x steps x draft width x page size x batch x logits dtype (FP8
+formats included) x logits scale (static 1, static != 1, per row) x sampling parameters x draft
+(the plain head, and the head steered by `tests/support/steering.py`, the same `steer_logits`
+applied on the reference side through `draft_logits_hook`) x EOS. Plain-head acceptance is near
+zero; the steered drafts give deep accepted paths, so a draft-side bug shows in the trace even
+where the tokens stay lossless.
+
+The optimized models compute in float64: the reference's near-tie thresholds (module docstring
+of `reference/eagle.py`) assume float64 arithmetic on both sides, so a float32 optimized model
+would turn ordinary rounding into "near-ties" everywhere. Where the reference reports a near-tie
+for a request, the comparison of that request stops at that cycle (earlier cycles and the tokens
+they emitted are still compared); the skips are counted, reported as a `TraceNearTieWarning`
+(shown in pytest's warnings summary, with or without -s) and in the test's user properties, and
+a case fails when more than `MAX_SKIPPED_FRACTION` of its requests stop early, or when it
+compares no cycle at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+import zlib
+
+import pytest
+import torch
+
+import reference
+import specverify
+from specverify import SpecConfig
+from tests.support.allpairs import all_pairs, uncovered_pairs
+from tests.support.asserts import rerun_hint
+from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
+from tests.support.steering import SteeredDraft, steer_logits, steered_models
+
+pytestmark = pytest.mark.e2e
+
+MAX_SKIPPED_FRACTION = 0.5    # of a case's requests whose comparison a near-tie stops early
+
+SCALES = {"1": ("static", 1.0), "0.37": ("static", 0.37), "3.5": ("static", 3.5), "per_row": ("per_row", None)}
+SAMPLING = {
+    "greedy": dict(),
+    "t0.3-topk20": dict(temperature=0.3, top_k=20),    # low temperatures: the steered (greedy)
+    "t1.0-topp0.9": dict(temperature=1.0, top_p=0.9),
+    "t0.4-minp0.1": dict(temperature=0.4, min_p=0.1),    # drafts get accepted under sampling too
+}
+DRAFTS = {"plain": None, "right": 1.0, "partial": 0.6}
+FACTORS = {
+    "topk": [1, 2, 4],
+    "steps": [1, 2, 3],
+    "draft": ["chain", "two", "wide"],      # D = S+1 / 2 / up to 8 (topk == 1 always uses S+1)
+    "page_size": [1, 4],
+    "bs": [1, 3],
+    "logits_dtype": ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"],
+    "scale": list(SCALES),
+    "sampling": list(SAMPLING),
+    "head": list(DRAFTS),
+    "eos": [False, True],
+}
+
+
+class TraceNearTieWarning(UserWarning):
+    """A request's trace comparison stopped early at a decision the reference flags as a near-tie."""
+
+
+def draft_tokens(topk: int, steps: int, draft: str) -> int:
+    most = 1 + topk + (steps - 1) * topk * topk
+    if topk == 1 or draft == "chain":
+        return min(steps + 1, most)
+    return 2 if draft == "two" else min(most, 8)
+
+
+def case_id(c: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in c.items())
+
+
+PAIRWISE = all_pairs(FACTORS)
+_SLOW_AXES = ("topk", "steps", "draft", "sampling", "head")
+SLOW = [dict(zip(_SLOW_AXES, values)) for values in itertools.product(*(FACTORS[a] for a in _SLOW_AXES))]
+for _i, _c in enumerate(SLOW):   # the remaining factors rotate through their values
+    for _name in FACTORS:
+        if _name not in _c:
+            _c[_name] = FACTORS[_name][_i % len(FACTORS[_name])]
+
+
+def build_case(c: dict):
+    """(models, reference draft hook, prompts, budgets, spec, generate kwargs) of one case."""
+    mode, scale = SCALES[c["scale"]]
+    models = cached_models(compute_dtype="float64", logits_dtype=c["logits_dtype"], logits_scale=scale,
+                           logits_scale_mode=mode)
+    key = zlib.crc32(case_id(c).encode())
+    prompts = ragged_prompts(key, c["bs"], models.config.vocab_size, max_len=8)
+    budgets = ragged_budgets(key, c["bs"], low=6, high=12)
+    if c["bs"] > 1:
+        budgets[0] = 2          # a request that finishes after one cycle, beside longer ones
+    spec = SpecConfig(num_steps=c["steps"], topk=c["topk"], page_size=c["page_size"],
+                      num_draft_tokens=draft_tokens(c["topk"], c["steps"], c["draft"]))
+    hook = None
+    if DRAFTS[c["head"]] is not None:
+        models = steered_models(models, prompts, budgets, agreement=DRAFTS[c["head"]], spec=spec)
+        hook = reference_hook(models.draft)
+    kwargs = dict(SAMPLING[c["sampling"]], seed=key % 1000)
+    if c["eos"]:
+        # An EOS the run meets: the token the last request emits third (or last) without one.
+        free = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets, **kwargs).tokens[-1]
+        kwargs["eos_token_id"] = free[min(2, len(free) - 1)]
+    return models, hook, prompts, budgets, spec, kwargs
+
+
+def reference_hook(draft: SteeredDraft):
+    """The steering rule of the optimized side's draft wrapper, applied to the reference's rows."""
+    def hook(r, positions, tokens, logits):
+        return steer_logits(logits, torch.tensor([r]), positions, tokens, draft.oracle, draft.agreement, draft.seed)
+    return hook
+
+
+def fields(cycle) -> tuple:
+    return cycle.tree_tokens, cycle.tree_parents, cycle.accepted, cycle.emitted
+
+
+def compare(c: dict, nodeid: str) -> dict:
+    models, hook, prompts, budgets, spec, kwargs = build_case(c)
+    out = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets, trace=True, **kwargs)
+    ref = reference.eagle.generate(models, prompts, spec_num_steps=spec.num_steps, topk=spec.topk,
+                                   num_draft_tokens=spec.draft_tokens, max_new_tokens=budgets,
+                                   draft_logits_hook=hook, **kwargs)
+    what = f"trace {case_id(c)}"
+    stats = {"requests": len(prompts), "cycles_compared": 0, "skipped": [], "accepted_drafts": 0, "deepest": 0}
+    for r, (got, want) in enumerate(zip(out.trace, ref.traces)):
+        cut = want.first_near_tie
+        upto = len(want.cycles) if cut is None else max(cut, 0)
+        for i in range(upto):
+            if i >= len(got) or fields(got[i]) != fields(want.cycles[i]):
+                g = fields(got[i]) if i < len(got) else "no cycle"
+                raise AssertionError(
+                    f"{what}: request {r} cycle {i} differs\n  optimized (tokens, parents, accepted, emitted): {g}"
+                    f"\n  reference: {fields(want.cycles[i])}\n  prompt {prompts[r]}, budget {budgets[r]}"
+                    f"{rerun_hint(nodeid)}")
+            depth = sum(1 for j in want.cycles[i].accepted if j >= 0) - 1
+            stats["accepted_drafts"] += depth
+            stats["deepest"] = max(stats["deepest"], depth)
+        stats["cycles_compared"] += upto
+        if cut is None:
+            assert len(got) == len(want.cycles), \
+                f"{what}: request {r} ran {len(got)} cycles, reference {len(want.cycles)}"
+            assert out.tokens[r] == want.tokens, f"{what}: request {r} tokens {out.tokens[r]} != {want.tokens}"
+        else:
+            n = 0 if cut < 0 else 1 + sum(len(cy.emitted) for cy in want.cycles[:cut])
+            assert out.tokens[r][:n] == want.tokens[:n], f"{what}: request {r} tokens before the near-tie differ"
+            stats["skipped"].append(f"request {r}: {want.near_ties[0]}")
+        # The trace accounts for every token: the prefill token, then each cycle's emitted ones.
+        assert [len(cy.emitted) for cy in got] == out.accept_lengths[r]
+        assert out.tokens[r] == out.tokens[r][:1] + [t for cy in got for t in cy.emitted]
+    return stats
+
+
+def report(stats: dict, c: dict, record_property) -> None:
+    skipped = stats["skipped"]
+    record_property("trace_requests", stats["requests"])
+    record_property("trace_cycles_compared", stats["cycles_compared"])
+    record_property("trace_near_tie_skips", len(skipped))
+    if skipped:
+        warnings.warn(TraceNearTieWarning(
+            f"{case_id(c)}: {len(skipped)} of {stats['requests']} requests compared only up to a near-tie: "
+            + "; ".join(skipped)))
+    assert len(skipped) <= MAX_SKIPPED_FRACTION * stats["requests"], \
+        f"{case_id(c)}: near-ties stopped {len(skipped)} of {stats['requests']} requests: {skipped}"
+    assert stats["cycles_compared"] > 0, f"{case_id(c)}: no cycle was compared"
+
+
+def test_pairwise_design_covers_every_pair():
+    assert uncovered_pairs(FACTORS, PAIRWISE) == []
+    assert len(PAIRWISE) <= 40, f"{len(PAIRWISE)} pairwise cases: keep the CPU run short"
+
+
+@pytest.mark.fp8
+@pytest.mark.parametrize("c", PAIRWISE, ids=case_id)
+def test_trace_equals_reference(c, request, record_property):
+    report(compare(c, request.node.nodeid), c, record_property)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("c", SLOW, ids=case_id)
+def test_trace_equals_reference_product(c, request, record_property):
+    report(compare(c, request.node.nodeid), c, record_property)
+
+
+def test_steered_drafts_reach_deep_paths():
+    """The steered factor is what makes accepted paths deep: an always-right draft accepts up to
+    S drafts per greedy cycle (fewer only where max_new_tokens cuts), so the matrix compares
+    deep walks, not only rejected roots."""
+    c = dict(topk=2, steps=3, draft="wide", page_size=4, bs=3, logits_dtype="float8_e4m3fn", scale="0.37",
+             sampling="greedy", head="right", eos=False)
+    stats = compare(c, None)
+    assert not stats["skipped"], stats["skipped"]
+    assert stats["accepted_drafts"] >= stats["cycles_compared"], stats
+    assert stats["deepest"] == 3, stats
+
+
+def test_trace_is_opt_in_and_needs_spec():
+    models = cached_models(compute_dtype="float64")
+    out = specverify.generate(models, [[1, 2, 3]], spec=SpecConfig(num_steps=2, topk=1), max_new_tokens=4)
+    assert out.trace is None
+    with pytest.raises(ValueError, match="trace"):
+        specverify.generate(models, [[1, 2, 3]], max_new_tokens=4, trace=True)
+
+
+def test_a_planted_draft_bug_shows_in_the_trace_not_in_the_tokens():
+    """Greedy tokens are lossless whatever the draft proposes; the trace is not. A reference
+    whose draft sees the wrong features must disagree with the decoder in its trees."""
+    c = dict(topk=2, steps=2, draft="wide", page_size=1, bs=1, logits_dtype="float32", scale="1",
+             sampling="greedy", head="plain", eos=False)
+    models, _, prompts, budgets, spec, kwargs = build_case(c)
+    out = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets, trace=True)
+    fc, h = models.draft_weights["fc"], models.config.hidden_size
+    zeroed = dict(models.draft_weights, fc=torch.cat([fc[:h], torch.zeros_like(fc[h:])]))   # features ignored
+    broken = type("M", (), dict(config=models.config, target_weights=models.target_weights, draft_weights=zeroed))
+    ref = reference.eagle.generate(broken, prompts, spec_num_steps=2, topk=2, num_draft_tokens=spec.draft_tokens,
+                                   max_new_tokens=budgets)
+    assert out.tokens == ref.tokens
+    assert [fields(cy) for cy in out.trace[0]] != [fields(cy) for cy in ref.traces[0].cycles]
+
+
+def test_near_tie_rule_on_converted_logits():
+    """The interval rule of reference/eagle.py: a gap float64 rounding could close is a near-tie;
+    equal float64 values and values one FP8 code holds whatever the rounding are not."""
+    from reference import eagle
+
+    f32 = cached_models(compute_dtype="float64").config
+    # 2 + 2**-23 is the midpoint of two float32 values: it rounds to 2.0 (a tie the index rule
+    # gives to index 1), but a rounding difference of 1e-15 can send it up, to the winner's place.
+    row = torch.tensor([1.0, 2.0, 2.0 + 2.0 ** -23, -3.0], dtype=torch.float64)
+    assert eagle._ordered(eagle._row(f32, row), 1)[:2] == ([1], False)
+    # 2 and 2 - 2e-13 both round to 2.0 whatever the rounding: the index rule decides, stably.
+    row = torch.tensor([1.0, 2.0, 2.0 * (1 - 1e-13), -3.0], dtype=torch.float64)
+    assert eagle._ordered(eagle._row(f32, row), 1)[:2] == ([1], True)
+    assert eagle._ordered(eagle._row(f32, torch.tensor([1.0, 2.0, 2.0, -3.0], dtype=torch.float64)), 2)[1]
+    assert eagle._ordered(eagle._row(f32, torch.tensor([1.0, 2.0, 1.5, -3.0], dtype=torch.float64)), 2)[1]
+    fp8 = cached_models(compute_dtype="float64", logits_dtype="float8_e4m3fn").config
+    tied = torch.tensor([1.0, 2.01, 2.02, -3.0], dtype=torch.float64)     # both quantize to 2.0
+    order, stable, _ = eagle._ordered(eagle._row(fp8, tied), 2)
+    assert order == [1, 2] and stable
+
+
+@pytest.mark.parametrize("threshold, sampling, decisions", [
+    ("REL_LOGIT", "greedy", {"prefill", "draft_topk", "target_greedy"}),
+    ("REL_PROB", "t1.0-topp0.9", {"prefill", "filter", "accept", "bonus"}),
+    ("REL_DRAFT_P", "greedy", {"beam", "keep"}),
+])
+def test_skipping_cannot_hide_everything(monkeypatch, threshold, sampling, decisions):
+    """With a threshold so wide that every decision of its kind is a near-tie, the comparison
+    stops early everywhere, and the case fails instead of passing on nothing."""
+    from reference import eagle
+
+    monkeypatch.setattr(eagle, threshold, 0.2 if threshold == "REL_LOGIT" else 0.5)
+    c = dict(topk=2, steps=2, draft="wide", page_size=1, bs=1, logits_dtype="bfloat16", scale="1",
+             sampling=sampling, head="plain", eos=False)
+    stats = compare(c, None)
+    assert len(stats["skipped"]) == stats["requests"]
+    assert {s.split(" (")[0].split()[-1] for s in stats["skipped"]} <= decisions, stats["skipped"]
+    with pytest.warns(TraceNearTieWarning), pytest.raises(AssertionError, match="near-ties stopped"):
+        report(stats, c, lambda *a: None)
