@@ -57,6 +57,8 @@ def filtered_probs(z, temperature: float, top_k: int = 0, top_p: float = 1.0, mi
     if not temperature > 0:
         raise ValueError(f"temperature: filtered_probs needs temperature > 0, got {temperature!r}")
     z = [float(x) for x in z]
+    if any(math.isnan(x) or x == math.inf for x in z) or all(x == -math.inf for x in z):
+        return [math.nan] * len(z)  # no distribution: NaN everywhere (section 4)
     p = softmax([x / temperature for x in z])  # 1.
     if top_k > 0:
         p = keep_top_k(p, top_k)  # 2.

@@ -48,19 +48,34 @@ def topk_order(values, k: int) -> list[int]:
     return order[:k]
 
 
+def selection_softmax(z) -> list[float]:
+    """Softmax of one row (float64) with its limits, as section 6.1 defines them: a row holding NaN
+    is NaN everywhere; a row whose maximum is +inf or -inf (all -inf) shares the mass evenly among
+    the entries equal to that maximum; otherwise the plain softmax."""
+    z = [float(x) for x in z]
+    if any(math.isnan(x) for x in z):
+        return [math.nan] * len(z)
+    m = max(z)
+    if math.isinf(m):
+        at_max = [1.0 if x == m else 0.0 for x in z]
+        return [x / sum(at_max) for x in at_max]
+    return softmax(z)
+
+
 def select_draft_topk(logits_upcast_row, k: int, dequant_row) -> tuple[list[float], list[int]]:
     """Draft selection of one row (6.1).
 
-    logits_upcast_row [V] float32: what the order compares (FP8: upcast fp8 values);
-    dequant_row [V] float64: what the softmax reads (FP8: fp8 value * scale).
-    Returns p [k] (float64 softmax of the dequantized row at the selected indices) and index [k].
+    logits_upcast_row [V] float32: what the order compares (FP8: upcast fp8 values), NaN first;
+    dequant_row [V]: what the softmax reads (float32(logits) * scale, the product in float32).
+    Returns p [k] (the float64 `selection_softmax` of the dequantized row at the selected
+    indices) and index [k].
     """
     upcast = np.asarray(logits_upcast_row, dtype=np.float32)
     dequant = [float(x) for x in np.asarray(dequant_row, dtype=np.float64)]
     if upcast.ndim != 1 or len(dequant) != upcast.shape[0]:
         raise ValueError(f"dequant_row: expected shape [{upcast.shape}] like logits_upcast_row, got [{len(dequant)}]")
     index = topk_order(upcast, k)
-    probs = softmax(dequant)  # float64, over the whole row
+    probs = selection_softmax(dequant)  # float64, over the whole row
     p = [probs[i] for i in index]
     return p, index
 

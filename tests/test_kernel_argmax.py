@@ -43,3 +43,21 @@ def test_argmax_errors():
         row_argmax(torch.zeros(3))
     with pytest.raises(ValueError, match="impl must be one of"):
         row_argmax(torch.zeros(2, 3), impl="cuda")
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_argmax_nan_ranks_above_inf_first_nan_wins(impl, dtype):
+    """docs/semantics.md 6.1: NaN ranks above every number, +inf included; the first NaN wins,
+    also when it sits in a later block than a +inf (the kernel's cross-block reduction)."""
+    x = torch.zeros((4, 70))
+    x[0, 3], x[0, 50] = float("inf"), float("nan")     # +inf in block 0, NaN in block 1
+    x[1, 40], x[1, 60], x[1, 2] = float("nan"), float("nan"), 9.0
+    x[2, 69] = float("nan")                             # NaN in the last, partial block
+    x[3, :] = float("nan")
+    values, _ = S.as_logits_dtype(x, dtype)
+    kw = {"block_v": 32} if impl == "triton" else {}
+    got = row_argmax(values.to(triton_device() if impl == "triton" else "cpu"), impl=impl, **kw).cpu()
+    want = [greedy_token(row.float().numpy()) for row in values]
+    assert got[:, 0].tolist() == want
+    assert want[:2] == [50, 40]

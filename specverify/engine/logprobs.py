@@ -18,8 +18,17 @@ def logprob_rows(logits: torch.Tensor, scale: torch.Tensor, tokens: torch.Tensor
     logits: [M, V]; scale: [M, 1]; tokens: [M] emitted ids. Returns ids [M, n+1] (column 0 the
     emitted token, then the n best in the order logprob descending, index ascending), logprobs
     [M, n+1] float64 (log-softmax of the raw dequantized logits) and ranks [M] (1 + the number of
-    tokens with a strictly greater logprob).
+    tokens with a strictly greater logprob). The token check reads the device: the logprob path
+    copies its rows to the host anyway, and it never runs inside a graph capture.
     """
+    if logits.dim() != 2 or scale.shape != (logits.shape[0], 1) or tokens.shape != (logits.shape[0],):
+        raise ValueError(f"logits [M, V], scale [M, 1] and tokens [M] must agree, got {list(logits.shape)}, "
+                         f"{list(scale.shape)} and {list(tokens.shape)}")
+    vocab = logits.shape[1]
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= vocab:
+        raise ValueError(f"n (top logprobs) must be an int in [0, {vocab}] (the vocab size), got {n!r}")
+    if tokens.numel() and not bool(((tokens >= 0) & (tokens < vocab)).all()):
+        raise ValueError(f"tokens must lie in [0, {vocab}) (the vocab size)")
     lp = torch.log_softmax(logits.to(torch.float64) * scale.to(torch.float64), dim=-1)
     chosen = lp.gather(-1, tokens[:, None])
     ranks = 1 + (lp > chosen).sum(-1)

@@ -9,6 +9,15 @@ import dataclasses
 
 import torch
 
+from specverify.validation import check_int, check_real
+
+# The smallest positive temperature (docs/semantics.md section 4). Dequantized logits are bounded
+# by |z| <= 57344 * float32 max < 2**145 (the largest FP8 value times the largest float32 scale),
+# so for temperature >= 1e-200 every z / temperature, and every difference of two, stays below
+# 2**145 * 2 * 1e200 < 1e244: finite in float64. Below it (subnormal temperatures included) the
+# quotient can overflow to inf and the softmax to NaN, so such temperatures are refused.
+MIN_TEMPERATURE = 1e-200
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -18,14 +27,15 @@ class SamplingParams:
     min_p: float = 0.0
 
     def __post_init__(self):
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        temperature = check_real("temperature", self.temperature, 0.0, why="0 = greedy")
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (below it z / temperature "
+                             f"can overflow float64; docs/semantics.md section 4), got {temperature!r}")
+        top_k = check_int("top_k", self.top_k, 0, why="0 = off")
+        top_p = check_real("top_p", self.top_p, 0.0, 1.0, lo_open=True, why="1 = off")
+        min_p = check_real("min_p", self.min_p, 0.0, 1.0, hi_open=True, why="0 = off")
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+            object.__setattr__(self, name, value)      # plain Python numbers from here on
 
     @property
     def greedy(self) -> bool:
@@ -43,6 +53,17 @@ def uniform_stream(seed: int, request_index: int, count: int) -> torch.Tensor:
     return torch.rand(count, dtype=torch.float64, generator=gen)
 
 
+def _check_rows(name: str, t, dim: int, *, shape: tuple | None = None) -> None:
+    """Shape checks only (no device read, so safe on the hot path and inside a graph capture)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dim or (shape is not None and tuple(t.shape) != tuple(shape)):
+        want = list(shape) if shape is not None else f"a {dim}-D tensor"
+        raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
+    if not t.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
 def _renorm(p: torch.Tensor) -> torch.Tensor:
     return p / p.sum(-1, keepdim=True)
 
@@ -52,6 +73,8 @@ def sampling_probs(logits: torch.Tensor, scale: torch.Tensor, params: SamplingPa
 
     logits: [N, V] logits-dtype values; scale: [N, 1] float32 dequantization scale.
     """
+    _check_rows("logits", logits, 2)
+    _check_rows("scale", scale, 2, shape=(logits.shape[0], 1))
     z = logits.to(torch.float64) * scale.to(torch.float64) / params.temperature
     p = torch.softmax(z, dim=-1)
     if params.top_k > 0 or params.top_p < 1.0:
@@ -75,6 +98,8 @@ def sampling_probs(logits: torch.Tensor, scale: torch.Tensor, params: SamplingPa
 
 def sample_from_probs(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw in vocabulary order. p: [N, V] float64; u: [N] float64 in [0, 1) -> [N]."""
+    _check_rows("p", p, 2)
+    _check_rows("u", u, 1, shape=(p.shape[0],))
     v = p.shape[-1]
     idx = torch.arange(v, device=p.device).expand_as(p)
     over = torch.cumsum(p, dim=-1) > u[:, None]

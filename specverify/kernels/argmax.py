@@ -4,7 +4,8 @@ vocabulary so one row uses many programs.
 Stage 1: grid (rows, blocks); each program reduces BLOCK_V columns of one row to its maximum and
 the first column holding it. Stage 2: grid (rows,); the first block holding the row maximum wins,
 so ties across blocks also go to the lowest index. FP8 logits are upcast inside the kernel (no
-float32 copy of the row). NaN counts as larger than everything, as in torch.argmax.
+float32 copy of the row). NaN ranks above every number, +inf included, and the first NaN wins, as
+in torch.argmax (docs/semantics.md 6.1).
 """
 
 from __future__ import annotations
@@ -28,15 +29,18 @@ def _block_argmax_kernel(
     cols = blk * BLOCK_V + tl.arange(0, BLOCK_V)
     live = cols < vocab
     x = tl.load(x_ptr + row * stride_xn + cols, mask=live, other=0.0).to(tl.float32)
-    x = tl.where(x != x, float("inf"), x)          # NaN ranks above every number
+    isnan = (x != x) & live
+    # NaN ranks above every number (+inf too): the block's first NaN wins, its value stays NaN.
+    first_nan = tl.min(tl.where(isnan, cols, vocab + BLOCK_V), axis=0)
     # Padding is set after the upcast: an FP8 format without -inf cannot carry it through a load.
-    x = tl.where(live, x, float("-inf"))
+    x = tl.where(live & (x == x), x, float("-inf"))
     best = tl.max(x, axis=0)
     # First column holding the maximum; padded lanes get an index past every live one.
     first = tl.min(tl.where((x == best) & live, cols, vocab + BLOCK_V), axis=0)
     first = tl.where(first >= vocab, blk * BLOCK_V, first)     # an all -inf block: its first column
-    tl.store(part_val_ptr + row * stride_pn + blk, best)
-    tl.store(part_idx_ptr + row * stride_pn + blk, first)
+    has_nan = first_nan < vocab
+    tl.store(part_val_ptr + row * stride_pn + blk, tl.where(has_nan, float("nan"), best))
+    tl.store(part_idx_ptr + row * stride_pn + blk, tl.where(has_nan, first_nan, first))
 
 
 @triton.jit
@@ -51,13 +55,16 @@ def _reduce_blocks_kernel(
     live = blks < num_blocks
     vals = tl.load(part_val_ptr + row * stride_pn + blks, mask=live, other=float("-inf"))
     idx = tl.load(part_idx_ptr + row * stride_pn + blks, mask=live, other=0)
-    best = tl.max(vals, axis=0)
+    nan_blk = tl.min(tl.where((vals != vals) & live, blks, BLOCK_B), axis=0)   # first block with a NaN
+    best = tl.max(tl.where(vals == vals, vals, float("-inf")), axis=0)
     winner = tl.min(tl.where((vals == best) & live, blks, BLOCK_B), axis=0)
+    winner = tl.where(nan_blk < BLOCK_B, nan_blk, winner)
     tl.store(out_ptr + row, tl.sum(tl.where(blks == winner, idx, 0), axis=0))
 
 
 def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096) -> torch.Tensor:
-    """First maximal index of each row of the float32 upcast. x: [N, V] -> [N, 1] int64.
+    """First maximal index of each row of the float32 upcast, NaN ranking above every number.
+    x: [N, V] -> [N, 1] int64.
 
     impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere).
     """

@@ -1,31 +1,53 @@
 """The op registry: every op with an optimized and a reference implementation, described once.
 
-An `OpSpec` names the op, its two callables (both take a `SampleInput` and return a dict of named
-outputs), its input generators (named edge cases, seeded random samples, a hypothesis recipe), its
-error inputs, the dtypes it supports per platform policy, how each output compares, and scoped
+An `OpSpec` names the op, its two callables (the optimized one takes a `SampleInput` and the
+platform profile, the reference one the `SampleInput`; both return a dict of named outputs), its
+input generators (named edge cases and seeded random samples, a hypothesis recipe), its error
+inputs, the dtypes it supports per platform policy, how each output compares, and scoped
 expectations (xfail / skip with a reason, keyed by test, platform and dtype). Differential and
-property tests are generated from these records; another engine can be checked by registering its
-implementation as a third callable of the same records.
+property tests are generated from these records (tests/test_ops_differential.py).
+
+The conformance interface: `SPECVERIFY_IMPL=module:object` plugs a third implementation into the
+same records. For every op, `object.<op name>(**sample.args)` is called with the sample's
+arguments (torch tensors and plain values, as `SampleInput.summary` lists them) and returns a dict
+holding every output named in the record's `compare` (array-likes; they are converted with
+torch.as_tensor). An op the object lacks is skipped with a reason naming the missing attribute.
+`tests/support/example_impl.py` is a small example.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import os
+import re
+import struct
+import types
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
 
 import reference
+from reference import fp8 as rfp8
+from reference import protocol as rproto
 from reference import spec as rspec
 from specverify import dtypes, ops
+from specverify.engine.logprobs import logprob_rows
+from specverify.engine.sampling import SamplingParams, sample_from_probs, sampling_probs
+from specverify.kernels.argmax import row_argmax
 from specverify.kernels.tree import build_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
+from specverify.protocol import message as msg
 from specverify.spec.eagle import expand_search, finish_search, start_search
 from tests.support import strategies as S
 
-EXACT = "exact"
+EXACT = "exact"        # integers equal; floats equal value for value (NaN matches NaN)
 CLOSE = "close"        # by the tolerance table entry of OpSpec.tolerance_dtype
+IMPL_ENV = "SPECVERIFY_IMPL"
+SAMPLE_OPTION = "--sv-sample"
+# Every op carries named edge cases of these kinds (tests/meta/test_registry.py checks it).
+EDGE_KINDS = ("nan", "empty", "ulp", "boundary")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,25 +57,39 @@ class SampleInput:
     seed: int = 0
 
     def summary(self) -> str:
-        parts = []
-        for key, value in self.args.items():
-            if isinstance(value, torch.Tensor):
-                parts.append(f"{key}={tuple(value.shape)}:{str(value.dtype).replace('torch.', '')}")
-            elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
-                parts.append(f"{key}=[{len(value)} tensors]")
-            else:
-                parts.append(f"{key}={value!r}")
+        """Shapes and dtypes of the tensors, plain values as they are; never tensor contents."""
+        parts = [f"{key}={_describe(value)}" for key, value in self.args.items()]
         return f"{self.name}(seed={self.seed}; {', '.join(parts)})"
 
     __repr__ = summary
 
 
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)}:{str(value.dtype).replace('torch.', '')}"
+    if isinstance(value, np.ndarray):
+        return f"{tuple(value.shape)}:np.{value.dtype}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return f"[{len(value)} items]"
+    if isinstance(value, (bytes, bytearray)):
+        return f"<{len(value)} bytes>"
+    return repr(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class ErrorInput:
+    """A bad input: `call` runs the optimized op on it; it must raise `exc` with a message that
+    matches `match` and names the argument `arg`. `pending` (a reason) marks a contract the op
+    does not meet yet: the test is a strict xfail expecting `pending_raises`."""
     name: str
-    call: Callable[[], Any]     # runs the optimized op on the bad input
+    call: Callable[[], Any]
     exc: type
     match: str
+    arg: str
+    pending: str | None = None
+    pending_raises: type | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,22 +115,12 @@ class OpSpec:
     compare: dict[str, str]                          # output name -> EXACT | CLOSE
     tolerance_dtype: str = "float32"
     expectations: tuple[Expectation, ...] = ()
+    platform_dependent: bool = True                  # False: run on the native profile only
+    max_examples: int = 15                           # hypothesis examples per case (ci / dev)
+    edge_exempt: tuple[tuple[str, str], ...] = ()    # (edge kind of EDGE_KINDS, reason it cannot apply)
 
     def __post_init__(self):
-        if not self.compare:
-            raise ValueError(f"op {self.name}: compare names no output")
-        bad = [m for m in self.compare.values() if m not in (EXACT, CLOSE)]
-        if bad:
-            raise ValueError(f"op {self.name}: unknown comparison {bad}")
-        for policy, names in self.dtypes.items():
-            unknown = [d for d in names if d not in dtypes.DTYPES]
-            if unknown:
-                raise ValueError(f"op {self.name}: platform {policy} lists unknown dtypes {unknown}")
-        for e in self.expectations:
-            if e.kind not in ("xfail", "skip"):
-                raise ValueError(f"op {self.name}: expectation kind {e.kind!r}")
-            if e.kind == "xfail" and e.raises is None:
-                raise ValueError(f"op {self.name}: an xfail must name the exception it expects")
+        validate_record(self)
 
     def dtypes_for(self, policy: str) -> tuple[str, ...]:
         return self.dtypes.get(policy, ())
@@ -104,6 +130,49 @@ class OpSpec:
             if e.test == test and e.platform in (None, policy) and e.dtype in (None, dtype):
                 return e
         return None
+
+
+POLICIES = ("cpu", "cuda", "rocm")
+GENERIC_TESTS = ("test_differential", "test_property", "test_error_inputs")
+
+
+def validate_record(op: OpSpec) -> None:
+    """Refuse a malformed record when it is built, with a message naming the field."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", op.name or ""):
+        raise ValueError(f"op {op.name!r}: name must be snake_case (test ids join names with '-')")
+    for field in ("impl", "ref", "samples", "recipe", "errors"):
+        if not callable(getattr(op, field)):
+            raise ValueError(f"op {op.name}: {field} must be callable")
+    if not op.compare:
+        raise ValueError(f"op {op.name}: compare names no output")
+    bad = [m for m in op.compare.values() if m not in (EXACT, CLOSE)]
+    if bad:
+        raise ValueError(f"op {op.name}: unknown comparison {bad}")
+    if op.tolerance_dtype not in dtypes.TOLERANCES:
+        raise ValueError(f"op {op.name}: tolerance_dtype {op.tolerance_dtype!r} has no tolerance entry")
+    if not op.dtypes:
+        raise ValueError(f"op {op.name}: dtypes lists no platform")
+    for policy, names in op.dtypes.items():
+        if policy not in POLICIES:
+            raise ValueError(f"op {op.name}: unknown platform policy {policy!r}; expected one of {POLICIES}")
+        unknown = [d for d in names if d not in dtypes.DTYPES]
+        if unknown:
+            raise ValueError(f"op {op.name}: platform {policy} lists unknown dtypes {unknown}")
+    if not isinstance(op.max_examples, int) or op.max_examples < 1:
+        raise ValueError(f"op {op.name}: max_examples must be an int >= 1, got {op.max_examples!r}")
+    for kind, reason in op.edge_exempt:
+        if kind not in EDGE_KINDS or not reason:
+            raise ValueError(f"op {op.name}: edge_exempt entry ({kind!r}, {reason!r}) needs a kind of "
+                             f"{EDGE_KINDS} and a reason")
+    for e in op.expectations:
+        if e.kind not in ("xfail", "skip"):
+            raise ValueError(f"op {op.name}: expectation kind {e.kind!r}")
+        if e.test not in GENERIC_TESTS:
+            raise ValueError(f"op {op.name}: expectation for unknown test {e.test!r}; expected one of {GENERIC_TESTS}")
+        if not e.reason:
+            raise ValueError(f"op {op.name}: an expectation needs a reason")
+        if e.kind == "xfail" and e.raises is None:
+            raise ValueError(f"op {op.name}: an xfail must name the exception it expects")
 
 
 def on_device(value, device):
@@ -117,15 +186,70 @@ def on_device(value, device):
     return value
 
 
-def run_impl(op: "OpSpec", sample: SampleInput, profile) -> dict:
-    """The optimized op on the profile's device; outputs come back to the CPU."""
+# ---------------------------------------------------------------------------------------------
+# The implementation under test: specverify, or a third one named by SPECVERIFY_IMPL
+
+
+def load_impl(spec: str | None = None):
+    """The object SPECVERIFY_IMPL=module:object names (None when unset)."""
+    spec = os.environ.get(IMPL_ENV) if spec is None else spec
+    if not spec:
+        return None
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{IMPL_ENV}={spec!r}: expected module:object, e.g. tests.support.example_impl:IMPL")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"{IMPL_ENV}={spec!r}: cannot import module {module!r} ({e})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{IMPL_ENV}={spec!r}: module {module!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def missing_op(plugin, op: OpSpec) -> str | None:
+    """Why a plugged-in implementation cannot run `op` (None when it can)."""
+    if plugin is None or callable(getattr(plugin, op.name, None)):
+        return None
+    return f"{os.environ.get(IMPL_ENV, type(plugin).__name__)} has no attribute {op.name!r}: op not implemented"
+
+
+def run_impl(op: OpSpec, sample: SampleInput, profile, plugin=None) -> dict:
+    """The implementation under test on the profile's device; outputs come back to the CPU.
+    plugin: a SPECVERIFY_IMPL object (its op gets the sample's args as keywords)."""
     moved = dataclasses.replace(sample, args=on_device(sample.args, profile.device))
-    return {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in op.impl(moved, profile).items()}
+    if plugin is None:
+        out = op.impl(moved, profile)
+    else:
+        out = getattr(plugin, op.name)(**moved.args)
+        if not isinstance(out, dict):
+            raise AssertionError(f"{IMPL_ENV} op {op.name} returned {type(out).__name__}, expected a dict "
+                                 f"with the outputs {sorted(op.compare)}")
+        missing = sorted(set(op.compare) - set(out))
+        if missing:
+            raise AssertionError(f"{IMPL_ENV} op {op.name} returned no output {missing}")
+        out = {k: (v if v is None or isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)))
+               for k, v in out.items()}
+    return {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
+
+
+def select_samples(op: OpSpec, dtype: str, seed: int, name: str | None = None) -> list[tuple[int, SampleInput]]:
+    """(index, sample) of the op's samples; only the one called `name` when a name is given."""
+    found = list(enumerate(op.samples(dtype, seed)))
+    if name is None:
+        return found
+    return [(i, s) for i, s in found if s.name == name]
 
 
 def replay_command(test: str, op: str, profile: str, dtype: str, sample: SampleInput) -> str:
-    return (f"SPECVERIFY_PLATFORM={profile} python -m pytest 'tests/test_ops_differential.py::{test}"
-            f"[{op}-{profile}-{dtype}]'  # failing sample: {sample.summary()}")
+    """A command that re-runs just this sample of test_differential (the seed comes from the test
+    id, so it is the same)."""
+    impl = os.environ.get(IMPL_ENV)
+    env = f"{IMPL_ENV}={impl} " if impl else ""
+    return (f"{env}python -m pytest 'tests/test_ops_differential.py::{test}[{op}-{profile}-{dtype}]' "
+            f"{SAMPLE_OPTION}='{sample.name}'")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,40 +266,65 @@ def _select_impl(s: SampleInput, profile) -> dict:
     return {"index": index, "p": p}
 
 
+def _dequant32(logits: torch.Tensor, scale: torch.Tensor) -> np.ndarray:
+    """float32(logits) * scale with the product rounded to float32 (section 6.1), as numpy."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return logits.float().numpy() * scale.float().numpy()
+
+
 def _select_ref(s: SampleInput) -> dict:
     logits, scale, k = s.args["logits"], s.args["scale"], s.args["topk"]
-    upcast = logits.float().numpy()
-    deq = logits.double().numpy() * scale.double().numpy()
+    upcast, deq = logits.float().numpy(), _dequant32(logits, scale)
     ps, idx = [], []
     for row_up, row_dq in zip(upcast, deq):
         p, i = rspec.select_draft_topk(row_up, k, row_dq)
         ps.append(p)
         idx.append(i)
-    return {"index": torch.tensor(idx, dtype=torch.int64), "p": torch.tensor(ps, dtype=torch.float64)}
+    return {"index": torch.tensor(idx, dtype=torch.int64).view(-1, k),
+            "p": torch.tensor(ps, dtype=torch.float64).view(-1, k)}
 
 
-def _select_sample(name, x, dtype, k, seed):
-    values, scale = S.as_logits_dtype(x, dtype)
-    return SampleInput(name, {"logits": values, "scale": scale, "topk": min(k, x.shape[1])}, seed)
+def _select_sample(name, x, dtype, k, seed, scale_kind="1"):
+    gen = torch.Generator().manual_seed(seed)
+    values, scale = S.with_scale(x, dtype, scale_kind, gen)
+    return SampleInput(f"{name}-scale{scale_kind}", {"logits": values, "scale": scale,
+                                                    "topk": min(k, x.shape[1])}, seed)
 
 
 def _select_samples(dtype: str, seed: int):
     gen = torch.Generator().manual_seed(seed)
-    for vocab in (2, 63, 64, 65, 389, 1025):         # around kernel block sizes
-        for k in (1, 2, 4):
-            yield _select_sample(f"grid-V{vocab}-k{k}", S.grid_logits(gen, 3, vocab), dtype, k, seed)
-            yield _select_sample(f"tie-heavy-V{vocab}-k{k}", S.tie_heavy_rows(gen, 3, vocab), dtype, k, seed)
+    kinds = S.SCALE_KINDS
+    for n, vocab in enumerate((2, 63, 64, 65, 389, 1025)):         # around kernel block sizes
+        for m, k in enumerate((1, 2, 4)):
+            sk = kinds[(n + m) % len(kinds)]
+            yield _select_sample(f"grid-V{vocab}-k{k}", S.grid_logits(gen, 3, vocab), dtype, k, seed, sk)
+            yield _select_sample(f"tie-heavy-V{vocab}-k{k}", S.tie_heavy_rows(gen, 3, vocab), dtype, k, seed,
+                                 kinds[(n + m + 1) % len(kinds)])
     for name, rows in S.edge_logits(70).items():
         for k in (1, 3):
-            yield _select_sample(f"{name}-k{k}", rows, dtype, k, seed)
+            yield _select_sample(f"{name}-k{k}", rows, dtype, k, seed, "3.5" if k == 1 else "per-row")
+    issue = torch.tensor([[0.49999997, 0.5, -1.0, -2.0]])
+    for k in (1, 2):
+        yield _select_sample(f"ulp-issue-k{k}", issue, dtype, k, seed)
+    for k, sk in ((1, "0.37"), (2, "3.5"), (3, "per-row")):
+        yield _select_sample(f"ulp-adjacent-k{k}", S.ulp_adjacent_rows(gen, 4, 97), dtype, k, seed, sk)
+        yield _select_sample(f"nan-rows-k{k}", S.nan_rows(gen, 4, 33), dtype, k, seed, sk)
+        yield _select_sample(f"inf-rows-k{k}", S.inf_rows(gen, 3, 33), dtype, k, seed, sk)
+    for k in (1, 3):
+        yield _select_sample(f"empty-batch-k{k}", torch.zeros((0, 7)), dtype, k, seed)
+    x = S.grid_logits(gen, 2, 129)
+    x[0, 0], x[1, 128] = 7.0, 7.0
+    for sk in ("0.37", "per-row"):
+        yield _select_sample(f"boundary-V129-k2", x, dtype, 2, seed, sk)
+    yield _select_sample("boundary-k-eq-V", S.tie_heavy_rows(gen, 3, 5), dtype, 5, seed, "3.5")
     yield _select_sample("bs1", S.tie_heavy_rows(gen, 1, 389), dtype, 1, seed)
-    yield _select_sample("large-bs", S.tie_heavy_rows(gen, 257, 97), dtype, 2, seed)
+    yield _select_sample("large-bs", S.tie_heavy_rows(gen, 257, 97), dtype, 2, seed, "per-row")
 
 
 def _select_recipe(dtype: str):
     from hypothesis import strategies as st
-    return st.tuples(S.logits_rows(), st.integers(1, 4)).map(
-        lambda t: _select_sample(f"hyp-{t[0][3]}", S.build_logits(t[0]), dtype, t[1], t[0][0]))
+    return st.tuples(S.hard_logits_rows(), st.integers(1, 4)).map(
+        lambda t: _select_sample(f"hyp-{t[0][3]}", S.build_hard_logits(t[0]), dtype, t[1], t[0][0], t[0][4]))
 
 
 def _select_errors():
@@ -184,24 +333,45 @@ def _select_errors():
 
     def call(logits=x, k=1, scale=one):
         return lambda: ops.select_draft_topk(logits, k, platform="cpu", scale=scale)
-    yield ErrorInput("topk-0", call(k=0), ValueError, r"topk must be in \[1, 5\]")
-    yield ErrorInput("topk-above-vocab", call(k=6), ValueError, r"topk must be in \[1, 5\]")
-    yield ErrorInput("1-D", call(logits=x[0]), ValueError, "logits must be 2-D")
-    yield ErrorInput("int-logits", call(logits=x.long()), ValueError, "logits dtype torch.int64 is not a logits dtype")
-    yield ErrorInput("bad-scale", call(scale=torch.ones(3, 1)), ValueError, r"scale must have shape \[2, 1\]")
+    yield ErrorInput("topk-0", call(k=0), ValueError, r"topk must be in \[1, 5\]", "topk")
+    yield ErrorInput("topk-above-vocab", call(k=6), ValueError, r"topk must be in \[1, 5\]", "topk")
+    yield ErrorInput("topk-bool", call(k=True), TypeError, "topk must be an int", "topk")
+    yield ErrorInput("topk-float", call(k=2.0), TypeError, "topk must be an int", "topk")
+    yield ErrorInput("1-D", call(logits=x[0]), ValueError, "logits must be 2-D", "logits")
+    yield ErrorInput("not-a-tensor", call(logits=[[0.0, 1.0]]), TypeError, "logits must be a torch.Tensor", "logits")
+    yield ErrorInput("int-logits", call(logits=x.long()), ValueError, "logits dtype torch.int64 is not a logits dtype",
+                     "logits")
+    yield ErrorInput("scale-shape", call(scale=torch.ones(3, 1)), ValueError, r"scale must have shape \[2, 1\]", "scale")
+    yield ErrorInput("scale-float64", call(scale=one.double()), ValueError, "scale must be float32", "scale")
+    yield ErrorInput("scale-negative", call(scale=-one), ValueError, "scale must be finite and > 0", "scale")
+    yield ErrorInput("scale-nan", call(scale=torch.full((2, 1), float("nan"))), ValueError,
+                     "scale must be finite and > 0", "scale")
+    yield ErrorInput("scale-zero", call(scale=torch.zeros((2, 1))), ValueError, "scale must be finite and > 0", "scale")
 
 
 # ---------------------------------------------------------------------------------------------
 # draft tree
 
 
-def _tree_inputs(seed, bs, topk, steps, d, vocab) -> SampleInput:
+def _tree_inputs(seed, bs, topk, steps, d, vocab, kind: str = "tree") -> SampleInput:
+    """kind: "tree" (softmax of grid logits: exact ties), "nan" (some probabilities NaN), "ulp"
+    (the best probabilities float32 neighbours), "boundary" (the best token at index 0 or V-1)."""
     gen = torch.Generator().manual_seed(seed)
     dists = [S.probs_from(gen, (bs, 1 if i == 0 else topk), vocab) for i in range(steps)]
+    for dist in dists:
+        flat = dist.view(-1, vocab)
+        for r in range(flat.shape[0]):
+            if kind == "nan" and r % 2 == 0:
+                flat[r, torch.randint(0, vocab, (1,), generator=gen)] = float("nan")
+            elif kind == "ulp":
+                top = flat[r].max()
+                flat[r, torch.randperm(vocab, generator=gen)[:2]] = torch.stack([top, torch.nextafter(top, top + 1)])
+            elif kind == "boundary":
+                flat[r, (0, vocab - 1)[r % 2]] = 1.0
     roots = torch.randint(0, vocab, (bs,), generator=gen)
     seq_lens = torch.randint(0, 50, (bs,), generator=gen)
-    return SampleInput(f"tree-k{topk}-S{steps}-D{d}", {"dists": dists, "roots": roots, "seq_lens": seq_lens,
-                                                      "topk": topk, "steps": steps, "d": d}, seed)
+    return SampleInput(f"{kind}-k{topk}-S{steps}-D{d}-bs{bs}", {"dists": dists, "roots": roots, "seq_lens": seq_lens,
+                                                                "topk": topk, "steps": steps, "d": d}, seed)
 
 
 def _tree_impl(s: SampleInput, profile) -> dict:
@@ -226,8 +396,11 @@ def _tree_ref(s: SampleInput) -> dict:
     a = s.args
     trees = rspec.build_tree([d.numpy() for d in a["dists"]], a["roots"].tolist(), a["seq_lens"].tolist(),
                              topk=a["topk"], num_steps=a["steps"], num_draft_tokens=a["d"])
-    out = {f: torch.tensor([getattr(t, f) for t in trees]) for f in TREE_FIELDS}
-    out["kept_flat"] = torch.tensor([t.kept_flat for t in trees], dtype=torch.int64)
+    bs, d = len(trees), a["d"]
+    shapes = {f: (bs, d, d) if f == "mask" else (bs, d) for f in TREE_FIELDS}
+    out = {f: torch.tensor([getattr(t, f) for t in trees], dtype=torch.bool if f == "mask" else torch.int64)
+           .view(shapes[f]) for f in TREE_FIELDS}
+    out["kept_flat"] = torch.tensor([t.kept_flat for t in trees], dtype=torch.int64).view(bs, d - 1)
     return out
 
 
@@ -235,6 +408,11 @@ def _tree_samples(dtype: str, seed: int):
     for shape in ((2, 1, 3, 4), (3, 2, 3, 5), (2, 4, 3, 8), (1, 3, 4, 10), (4, 2, 1, 3), (2, 4, 2, 7)):
         bs, k, steps, d = shape
         yield _tree_inputs(seed + sum(shape), bs, k, steps, d, 17)
+    for kind in ("nan", "ulp", "boundary"):
+        for shape in ((3, 2, 3, 5), (2, 4, 2, 7)):
+            yield _tree_inputs(seed + len(kind), *shape, 17, kind)
+    yield _tree_inputs(seed, 2, 4, 2, 7, 4, "boundary-V-eq-k")
+    yield _tree_inputs(seed, 0, 2, 3, 5, 17, "empty-batch")
 
 
 def _tree_recipe(dtype: str):
@@ -248,12 +426,12 @@ def _tree_errors():
     def call(kept, topk=2, steps=2, beam_flat=beams):
         return lambda: build_tree(roots, kept, kept, beam_flat, lens, topk=topk, num_steps=steps)
     # k=2, S=2 has 2 + 4 = 6 candidates: flat indices live in [0, 6).
-    yield ErrorInput("flat-out-of-range", call(torch.tensor([[0, 1, 6]])), ValueError, "kept_flat")
-    yield ErrorInput("flat-negative", call(torch.tensor([[-1, 1, 2]])), ValueError, "kept_flat")
-    yield ErrorInput("too-many-kept", call(torch.arange(7)[None]), ValueError, "kept")
+    yield ErrorInput("flat-out-of-range", call(torch.tensor([[0, 1, 6]])), ValueError, "kept_flat", "kept_flat")
+    yield ErrorInput("flat-negative", call(torch.tensor([[-1, 1, 2]])), ValueError, "kept_flat", "kept_flat")
+    yield ErrorInput("too-many-kept", call(torch.arange(7)[None]), ValueError, "kept", "kept_flat")
     yield ErrorInput("chain-needs-D-eq-S+1", call(torch.tensor([[0, 1, 2]]), topk=1, steps=2,
                                                   beam_flat=torch.zeros((1, 1, 1), dtype=torch.int64)),
-                     ValueError, "more than the 2 candidates of topk=1, num_steps=2")
+                     ValueError, "more than the 2 candidates of topk=1, num_steps=2", "topk")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,11 +443,16 @@ def _ref_trees(seed, bs, topk, steps, d, vocab):
     return _tree_ref(s), s
 
 
-def _verify_sample(name, seed, shape, dtype, vocab=19, plant=True):
+def _verify_sample(name, seed, shape, dtype, vocab=19, plant=True, kind="plain"):
+    """kind: "plain"; "nan" (NaN entries in some target rows); "ulp" (a planted token only one
+    float32 ulp above a rival); "boundary" (tokens 0 and V-1 planted)."""
     bs, topk, steps, d = shape
     tree, s = _ref_trees(seed, bs, topk, steps, d, vocab)
     gen = torch.Generator().manual_seed(seed + 1)
     x = S.tie_heavy_rows(gen, bs * d, vocab).view(bs, d, vocab)
+    if kind == "boundary":
+        tree["tokens"] = torch.where(tree["tokens"] % 2 == 0, 0, vocab - 1)
+        tree["tokens"][:, 0] = 1
     if plant:
         # Make the target agree with some drafts so paths of every length get accepted.
         for b in range(bs):
@@ -278,10 +461,20 @@ def _verify_sample(name, seed, shape, dtype, vocab=19, plant=True):
                 if par >= 0 and torch.rand((), generator=gen) < 0.6:
                     x[b, par, :] = torch.where(x[b, par] >= 3.0, 2.0, x[b, par])
                     x[b, par, int(tree["tokens"][b, j])] = 3.5
+                    if kind == "ulp":
+                        rival = (int(tree["tokens"][b, j]) + 1) % vocab
+                        x[b, par, rival] = 3.5
+                        x[b, par, int(tree["tokens"][b, j])] = float(torch.nextafter(torch.tensor(3.5), torch.tensor(4.0)))
+    if kind == "nan":
+        x[:, ::2, torch.randint(0, vocab, (1,), generator=gen)] = float("nan")
     values, scale = S.as_logits_dtype(x.reshape(bs * d, vocab), dtype)
     coins = torch.rand((bs, d), generator=gen, dtype=torch.float64)
     final = torch.rand((bs,), generator=gen, dtype=torch.float64)
     probs = torch.softmax(x.double() * 0.7, dim=-1)
+    if kind == "boundary":
+        probs[..., 0] += 1.0
+        probs[..., -1] += 1.0
+        probs = probs / probs.sum(-1, keepdim=True)
     return SampleInput(name, {"tree": tree, "logits": values.view(bs, d, vocab), "steps": steps,
                               "probs": probs, "coins": coins, "final": final}, seed)
 
@@ -302,12 +495,13 @@ def _greedy_ref(s: SampleInput) -> dict:
     out = [rspec.greedy_verify(t["tokens"][b].tolist(), t["parents"][b].tolist(),
                                s.args["logits"][b].float().numpy(), num_steps=s.args["steps"])
            for b in range(t["tokens"].shape[0])]
-    return _verify_out(out)
+    return _verify_out(out, s.args["steps"] + 1)
 
 
-def _verify_out(out) -> dict:
-    return {"accept_nodes": torch.tensor([o[0] for o in out]), "num_correct": torch.tensor([o[1] for o in out]),
-            "bonus": torch.tensor([o[2] for o in out])}
+def _verify_out(out, width: int) -> dict:
+    return {"accept_nodes": torch.tensor([o[0] for o in out], dtype=torch.int64).view(len(out), width),
+            "num_correct": torch.tensor([o[1] for o in out], dtype=torch.int64),
+            "bonus": torch.tensor([o[2] for o in out], dtype=torch.int64)}
 
 
 def _stochastic_impl(s: SampleInput, profile) -> dict:
@@ -322,7 +516,7 @@ def _stochastic_ref(s: SampleInput) -> dict:
     out = [rspec.stochastic_verify(t["tokens"][b].tolist(), t["parents"][b].tolist(), a["probs"][b].numpy(),
                                    a["coins"][b].tolist(), float(a["final"][b]), num_steps=a["steps"])
            for b in range(t["tokens"].shape[0])]
-    return _verify_out(out)
+    return _verify_out(out, s.args["steps"] + 1)
 
 
 VERIFY_SHAPES = ((1, 1, 1, 2), (3, 1, 4, 5), (2, 2, 3, 5), (3, 4, 3, 8), (2, 3, 2, 7))
@@ -333,15 +527,538 @@ def _verify_samples(dtype: str, seed: int):
         yield _verify_sample(f"planted-{shape}", seed + i, shape, dtype)
         yield _verify_sample(f"random-{shape}", seed + 100 + i, shape, dtype, plant=False)
     yield _verify_sample("large-bs", seed, (64, 2, 3, 6), dtype)
+    for kind in ("nan", "ulp", "boundary"):
+        for i, shape in enumerate(((3, 1, 4, 5), (3, 4, 3, 8))):
+            yield _verify_sample(f"{kind}-{shape}", seed + 7 * i, shape, dtype, kind=kind)
+    yield _verify_sample("empty-batch", seed, (0, 2, 3, 5), dtype, plant=False)
+
+
+def _stochastic_samples(dtype: str, seed: int):
+    return (s for s in _verify_samples(dtype, seed) if not s.name.startswith("nan"))
 
 
 def _verify_recipe(dtype: str):
     return S.tree_shapes().map(lambda t: _verify_sample("hyp", t[0], t[1:5], dtype, vocab=max(t[5], 5)))
 
 
-def _no_errors():
-    return ()
+def _verify_errors():
+    tree = _as_tree(_ref_trees(1, 2, 2, 2, 4, 7)[0])
+    logits = torch.zeros((2, 4, 7))
 
+    def greedy(predict=None, steps=2, t=tree):
+        return lambda: verify_greedy(t, target_predict(logits) if predict is None else predict, num_steps=steps)
+    yield ErrorInput("num-steps-0", greedy(steps=0), ValueError, "num_steps must be an int >= 1", "num_steps")
+    yield ErrorInput("tree-not-a-tree", greedy(t={"tokens": 1}), ValueError, "tree must be a DraftTree", "tree")
+    yield ErrorInput("logits-2-D", lambda: target_predict(logits[0]), ValueError, "logits must be a 3-D tensor", "logits")
+    yield ErrorInput("logits-empty-vocab", lambda: target_predict(logits[..., :0]), ValueError,
+                     "logits must have a non-empty vocabulary dimension", "logits")
+
+
+def _stochastic_errors():
+    tree = _as_tree(_ref_trees(1, 2, 2, 2, 4, 7)[0])
+    probs = torch.full((2, 4, 7), 1 / 7, dtype=torch.float64)
+    coins, final = torch.zeros((2, 4), dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+
+    def call(p=probs, c=coins, f=final, steps=2):
+        return lambda: verify_stochastic(tree, p, c, f, num_steps=steps)
+    yield ErrorInput("num-steps-0", call(steps=0), ValueError, "num_steps must be an int >= 1", "num_steps")
+    yield ErrorInput("probs-2-D", call(p=probs[0]), ValueError, "target_probs must be a 3-D tensor", "target_probs")
+    yield ErrorInput("probs-empty-vocab", call(p=probs[..., :0]), ValueError,
+                     "target_probs must have a non-empty vocabulary dimension", "target_probs")
+    yield ErrorInput("coin-is-1", call(c=torch.ones((2, 4), dtype=torch.float64)), ValueError,
+                     r"coins must lie in \[0, 1\)", "coins")
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling probabilities (docs/semantics.md section 4) and the inverse-CDF draw
+
+
+def _dequant64(logits: torch.Tensor, scale: torch.Tensor) -> np.ndarray:
+    """float64(logits) * float64(scale) per row: exact (a product of two float32 fits float64)."""
+    return logits.double().numpy() * scale.double().numpy()
+
+
+def _sampling_impl(s: SampleInput, profile) -> dict:
+    a = s.args
+    params = SamplingParams(a["temperature"], a["top_k"], a["top_p"], a["min_p"])
+    return {"p": sampling_probs(a["logits"], a["scale"], params)}
+
+
+def _sampling_ref(s: SampleInput) -> dict:
+    a = s.args
+    rows = [reference.filtered_probs(z, a["temperature"], a["top_k"], a["top_p"], a["min_p"])
+            for z in _dequant64(a["logits"], a["scale"])]
+    return {"p": torch.tensor(rows, dtype=torch.float64).view(a["logits"].shape)}
+
+
+def _half_temperature(scale: float) -> tuple[float, float]:
+    """(x, T): a float32 logit x near -1 and a temperature T with exp(x * scale / T) == 0.5 exactly
+    in float64 (in math and in torch), so the probabilities of the logits [0, x] are exactly 2/3
+    and 1/3 = 0.5 * 2/3: the min-p boundary p == min_p * max(p) with min_p 0.5, hit exactly."""
+    import math
+    s = float(np.float32(scale))
+    x = -1.0
+    for _ in range(64):
+        z = x * s                                   # the float64 dequantization: exact
+        t = -z / math.log(2.0)
+        for _ in range(8):
+            q = z / t
+            if math.exp(q) == 0.5 and float(torch.exp(torch.tensor(q, dtype=torch.float64))) == 0.5:
+                return x, t
+            t = float(np.nextafter(t, np.inf))
+        x = float(np.nextafter(np.float32(x), np.float32(0)))
+    raise AssertionError(f"no temperature found for scale {scale}")
+
+
+def _sampling_sample(name, x, dtype, seed, scale_kind, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    gen = torch.Generator().manual_seed(seed)
+    values, scale = S.with_scale(x, dtype, scale_kind, gen)
+    return SampleInput(f"{name}-scale{scale_kind}", {"logits": values, "scale": scale, "temperature": temperature,
+                                                    "top_k": top_k, "top_p": top_p, "min_p": min_p}, seed)
+
+
+PARAM_GRID = ((1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.0), (1.3, 0, 0.8, 0.0), (1.0, 0, 1.0, 0.1),
+              (0.9, 5, 0.6, 0.05), (2.0, 1, 1.0, 0.0))
+
+
+def _sampling_samples(dtype: str, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    kinds = S.SCALE_KINDS
+    for i, params in enumerate(PARAM_GRID):
+        for j, (kind, vocab) in enumerate((("grid", 33), ("tie-heavy", 65), ("ulp", 40))):
+            x = S.ROW_KINDS[kind](gen, 3, vocab)
+            yield _sampling_sample(f"{kind}-V{vocab}-T{params[0]}-k{params[1]}-p{params[2]}-m{params[3]}", x, dtype,
+                                   seed, kinds[(i + j) % len(kinds)], *params)
+    # Exact boundaries: all-equal rows of 4 and 8 tokens have probabilities 1/4, 1/8 exactly.
+    for vocab in (4, 8):
+        for top_p in (0.25, 0.5, 0.75):
+            yield _sampling_sample(f"boundary-top-p{top_p}-V{vocab}", torch.zeros((2, vocab)), dtype, seed,
+                                   "3.5", 1.0, 0, top_p)
+    # min-p boundary: logits [0, x] at scale s and temperature T with exp(x * s / T) == 0.5.
+    for kind in ("1", "0.37", "3.5"):
+        x, t = _half_temperature(float(kind))
+        row = torch.tensor([[0.0, x], [x, 0.0]])
+        info = dtypes.dtype_info(dtype)
+        if float(row.to(info.torch_dtype).float()[0, 1]) != x:
+            continue                                  # x is not a value of this dtype
+        scale = torch.full((2, 1), float(kind), dtype=torch.float32)
+        yield SampleInput(f"boundary-min-p-scale{kind}", {"logits": row.to(info.torch_dtype), "scale": scale,
+                                                         "temperature": t, "top_k": 0, "top_p": 1.0, "min_p": 0.5},
+                          seed)
+    for kind in ("nan", "inf"):
+        yield _sampling_sample(f"{kind}-rows", S.ROW_KINDS[kind](gen, 4, 17), dtype, seed, "per-row", 0.8, 3, 0.9, 0.05)
+    m = torch.full((2, 20), float("-inf"))
+    m[0, 0], m[1, 19], m[1, 5] = 1.0, 0.5, 0.5
+    yield _sampling_sample("boundary-neg-inf-mask", m, dtype, seed, "0.37", 1.0, 2, 0.9, 0.1)
+    yield _sampling_sample("empty-batch", torch.zeros((0, 9)), dtype, seed, "1", 1.0, 2, 0.9, 0.1)
+
+
+def _sampling_recipe(dtype: str):
+    from hypothesis import strategies as st
+    params = st.tuples(st.sampled_from([0.5, 1.0, 1.7]), st.integers(0, 6), st.sampled_from([1.0, 0.9, 0.5]),
+                       st.sampled_from([0.0, 0.05, 0.3]))
+    rows = S.hard_logits_rows(max_vocab=64, kinds=("grid", "tie-heavy", "ulp", "inf"))
+    return st.tuples(rows, params).map(lambda t: _sampling_sample(
+        f"hyp-{t[0][3]}", S.build_hard_logits(t[0]), dtype, t[0][0], t[0][4], *t[1]))
+
+
+def _sampling_errors():
+    x, one = torch.zeros((2, 5)), torch.ones((2, 1))
+
+    def call(**kw):
+        return lambda: sampling_probs(x, one, SamplingParams(**kw))
+    yield ErrorInput("temperature-negative", call(temperature=-1.0), ValueError, "temperature", "temperature")
+    yield ErrorInput("top-k-negative", call(temperature=1.0, top_k=-1), ValueError, "top_k", "top_k")
+    yield ErrorInput("top-p-0", call(temperature=1.0, top_p=0.0), ValueError, "top_p", "top_p")
+    yield ErrorInput("min-p-1", call(temperature=1.0, min_p=1.0), ValueError, "min_p", "min_p")
+    yield ErrorInput("scale-shape", lambda: sampling_probs(x, torch.ones((3, 1)), SamplingParams(1.0)), ValueError,
+                     "scale", "scale")
+
+
+def _draw_impl(s: SampleInput, profile) -> dict:
+    return {"token": sample_from_probs(s.args["p"], s.args["u"])}
+
+
+def _draw_ref(s: SampleInput) -> dict:
+    tokens = [reference.draw(row.tolist(), float(u)) for row, u in zip(s.args["p"], s.args["u"])]
+    return {"token": torch.tensor(tokens, dtype=torch.int64)}
+
+
+def _draw_sample(name, p, u, seed):
+    return SampleInput(name, {"p": p.double(), "u": torch.as_tensor(u, dtype=torch.float64)}, seed)
+
+
+def _draw_samples(dtype: str, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    for vocab in (1, 2, 17, 65, 389):
+        p = torch.softmax(S.grid_logits(gen, 5, vocab).double(), -1)
+        yield _draw_sample(f"random-V{vocab}", p, torch.rand(5, generator=gen, dtype=torch.float64), seed)
+    half = torch.tensor([[0.5, 0.5]] * 3)
+    # u equal to a cumulative sum must pass it ("exceeds"); u = 0 takes the first positive index.
+    yield _draw_sample("boundary-u-eq-cumsum", half, [0.5, 0.0, float(np.nextafter(1.0, 0.0))], seed)
+    yield _draw_sample("boundary-zeros-at-edges", torch.tensor([[0.0, 0.5, 0.5, 0.0], [0, 0, 0, 1.0]]), [0.75, 0.3],
+                       seed)
+    short = torch.tensor([[0.3, 0.3, 0.3, 0.0]])       # sums to 0.9: u past it -> the last positive
+    yield _draw_sample("boundary-mass-short", short, [0.95], seed)
+    a = torch.tensor(0.25, dtype=torch.float64)
+    ulp = torch.stack([a, torch.nextafter(a, a + 1), 1 - a - torch.nextafter(a, a + 1), a.new_tensor(0.0)])
+    yield _draw_sample("ulp-adjacent", ulp[None].repeat(3, 1), [0.25, float(torch.nextafter(a, a + 1)), 0.4], seed)
+    yield _draw_sample("nan-entries", torch.tensor([[0.6, float("nan"), 0.4], [0.2, 0.3, float("nan")]]),
+                       [0.3, 0.9], seed)
+    yield _draw_sample("empty-batch", torch.zeros((0, 5)), torch.zeros(0), seed)
+
+
+def _draw_recipe(dtype: str):
+    from hypothesis import strategies as st
+    return st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 6), st.integers(1, 80)).map(lambda t: _draw_sample(
+        f"hyp-V{t[2]}", torch.softmax(S.grid_logits(torch.Generator().manual_seed(t[0]), t[1], t[2]).double(), -1),
+        torch.rand(t[1], generator=torch.Generator().manual_seed(t[0] + 1), dtype=torch.float64), t[0]))
+
+
+def _draw_errors():
+    p, u = torch.full((2, 4), 0.25, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    yield ErrorInput("u-shape", lambda: sample_from_probs(p, torch.zeros(3, dtype=torch.float64)), ValueError, "u",
+                     "u")
+    yield ErrorInput("p-1-D", lambda: sample_from_probs(p[0], u), ValueError, "p", "p")
+
+
+# ---------------------------------------------------------------------------------------------
+# logprob records
+
+
+def _logprob_impl(s: SampleInput, profile) -> dict:
+    a = s.args
+    ids, lps, ranks = logprob_rows(a["logits"], a["scale"], a["tokens"], a["n"])
+    return {"ids": ids, "logprobs": lps, "ranks": ranks}
+
+
+def _logprob_ref(s: SampleInput) -> dict:
+    a = s.args
+    recs = [reference.logprob_record(z, int(t), a["n"]) for z, t in zip(_dequant64(a["logits"], a["scale"]), a["tokens"])]
+    m, w = len(recs), a["n"] + 1
+    return {"ids": torch.tensor([[r.token] + [i for i, _ in r.top] for r in recs], dtype=torch.int64).view(m, w),
+            "logprobs": torch.tensor([[r.logprob] + [x for _, x in r.top] for r in recs], dtype=torch.float64).view(m, w),
+            "ranks": torch.tensor([r.rank for r in recs], dtype=torch.int64)}
+
+
+def _logprob_sample(name, x, dtype, seed, scale_kind, n, tokens=None):
+    gen = torch.Generator().manual_seed(seed)
+    values, scale = S.with_scale(x, dtype, scale_kind, gen)
+    if tokens is None:
+        tokens = torch.randint(0, x.shape[1], (x.shape[0],), generator=gen)
+    return SampleInput(f"{name}-n{n}-scale{scale_kind}", {"logits": values, "scale": scale,
+                                                         "tokens": torch.as_tensor(tokens, dtype=torch.int64), "n": n},
+                       seed)
+
+
+def _logprob_samples(dtype: str, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    kinds = S.SCALE_KINDS
+    for i, (kind, vocab) in enumerate((("grid", 33), ("tie-heavy", 65), ("ulp", 40), ("nan", 17), ("inf", 17))):
+        for j, n in enumerate((0, 1, 5)):
+            yield _logprob_sample(kind, S.ROW_KINDS[kind](gen, 4, vocab), dtype, seed, kinds[(i + j) % 4], n)
+    x = S.grid_logits(gen, 2, 129)
+    x[0, 0], x[1, 128] = 9.0, 9.0
+    yield _logprob_sample("boundary-V129", x, dtype, seed, "per-row", 3, [128, 0])
+    yield _logprob_sample("boundary-n-eq-V", S.tie_heavy_rows(gen, 2, 6), dtype, seed, "0.37", 6)
+    yield _logprob_sample("all-equal", torch.zeros((2, 9)), dtype, seed, "3.5", 4)
+    yield _logprob_sample("empty-batch", torch.zeros((0, 9)), dtype, seed, "1", 2)
+
+
+def _logprob_recipe(dtype: str):
+    from hypothesis import strategies as st
+    rows = S.hard_logits_rows(max_vocab=64)
+    return st.tuples(rows, st.integers(0, 4)).map(lambda t: _logprob_sample(
+        f"hyp-{t[0][3]}", S.build_hard_logits(t[0]), dtype, t[0][0], t[0][4], min(t[1], t[0][2])))
+
+
+def _logprob_errors():
+    x, one, tok = torch.zeros((2, 5)), torch.ones((2, 1)), torch.tensor([0, 1])
+    yield ErrorInput("token-out-of-vocab", lambda: logprob_rows(x, one, torch.tensor([0, 5]), 1), ValueError,
+                     "tokens", "tokens")
+    yield ErrorInput("n-above-vocab", lambda: logprob_rows(x, one, tok, 6), ValueError, "n", "n")
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 quantization and the logits-dtype conversion (docs/semantics.md section 2)
+
+
+def _fp8_hard_rows(gen: torch.Generator, dtype: str) -> dict[str, torch.Tensor]:
+    """Named float32 rows for the quantizer: every code's neighbourhood, midpoints (ties to even),
+    ulp steps around them, saturation, infinities, NaN, signed zeros, subnormals."""
+    info = dtypes.dtype_info(dtype)
+    codes = torch.arange(256, dtype=torch.uint8).view(info.torch_dtype).float()
+    finite = codes[torch.isfinite(codes)].unique()
+    mids = (finite[1:] + finite[:-1]) / 2                              # exact in float32
+    inf = torch.tensor(float("inf"))
+    rows = {
+        "boundary-codes": codes[torch.isfinite(codes)][None],
+        "ulp-midpoints": torch.stack([mids, torch.nextafter(mids, inf), torch.nextafter(mids, -inf)]),
+        "boundary-saturate": torch.tensor([[info.max_finite, info.max_finite * 1.07, 1e30, float("inf"),
+                                            -info.max_finite * 1.5, float("-inf"), 0.0, -0.0]]),
+        "nan-values": torch.tensor([[float("nan"), 1.0, -2.5, float("nan"), 0.0, 3.0, -1e-9, 7.0]]),
+        "random": torch.randn((3, 50), generator=gen) * info.max_finite / 8,
+    }
+    return rows
+
+
+def _quantize_impl(s: SampleInput, profile) -> dict:
+    a = s.args
+    return {"codes": dtypes.quantize_fp8(a["x"], a["dtype"], a["scale"]).view(torch.uint8)}
+
+
+def _quantize_ref(s: SampleInput) -> dict:
+    a = s.args
+    return {"codes": torch.from_numpy(rfp8.quantize(a["x"].numpy(), a["dtype"], a["scale"].numpy()).astype(np.int64))}
+
+
+def _quantize_samples(dtype: str, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    for i, (name, x) in enumerate(_fp8_hard_rows(gen, dtype).items()):
+        for kind in dict.fromkeys((S.SCALE_KINDS[i % 4], "0.37" if i % 2 else "3.5")):
+            yield SampleInput(f"{name}-scale{kind}", {"x": x, "dtype": dtype, "scale": S.row_scales(gen, x.shape[0], kind)},
+                              seed)
+    yield SampleInput("empty-batch", {"x": torch.zeros((0, 4)), "dtype": dtype, "scale": torch.ones((0, 1))}, seed)
+
+
+def _quantize_recipe(dtype: str):
+    return S.hard_logits_rows(max_vocab=64).map(lambda t: SampleInput(
+        f"hyp-{t[3]}", {"x": S.build_hard_logits(t) * 40, "dtype": dtype,
+                        "scale": S.row_scales(torch.Generator().manual_seed(t[0]), t[1], t[4])}, t[0]))
+
+
+def _quantize_errors():
+    x = torch.zeros((2, 3))
+
+    def call(scale=torch.ones((2, 1)), dtype="float8_e4m3fn", xx=x):
+        return lambda: dtypes.quantize_fp8(xx, dtype, scale)
+    yield ErrorInput("scale-negative", call(scale=-torch.ones((2, 1))), ValueError, "finite and > 0", "scale")
+    yield ErrorInput("scale-nan", call(scale=float("nan")), ValueError, "finite and > 0", "scale")
+    yield ErrorInput("scale-shape", call(scale=torch.ones((3, 1))), ValueError, "does not broadcast", "scale")
+    yield ErrorInput("dtype-not-fp8", call(dtype="float16"), ValueError, "expected one of the FP8 dtypes", "dtype")
+    yield ErrorInput("x-int", call(xx=x.long()), ValueError, "expected a floating-point tensor", "x")
+
+
+def _convert_impl(s: SampleInput, profile) -> dict:
+    a = s.args
+    values, scale = dtypes.to_logits_dtype(a["x"], a["dtype"], scale_mode=a["scale_mode"], static_scale=a["static_scale"])
+    return {"upcast": values.float(), "scale": scale}
+
+
+def _convert_ref(s: SampleInput) -> dict:
+    a = s.args
+    cfg = types.SimpleNamespace(logits_dtype=a["dtype"], logits_scale_mode=a["scale_mode"], logits_scale=a["static_scale"])
+    rows = [reference.convert_logits(cfg, row) for row in a["x"].double()]
+    n, v = a["x"].shape
+    return {"upcast": torch.tensor(np.array([r.upcast for r in rows], dtype=np.float32).reshape(n, v)),
+            "scale": torch.tensor([[1.0 if r.scale is None else r.scale] for r in rows], dtype=torch.float32).view(n, 1)}
+
+
+def _convert_sample(name, x, dtype, mode, static, seed):
+    return SampleInput(f"{name}-{mode}{static if mode == 'static' else ''}",
+                       {"x": x, "dtype": dtype, "scale_mode": mode, "static_scale": static}, seed)
+
+
+def _convert_samples(dtype: str, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    fp8 = dtypes.dtype_info(dtype).is_fp8
+    rows = _fp8_hard_rows(gen, dtype if fp8 else "float8_e4m3fn")
+    rows["ulp-adjacent"] = S.ulp_adjacent_rows(gen, 3, 20)
+    rows["boundary-all-zero"] = torch.zeros((2, 6))
+    modes = (("static", 0.37), ("static", 3.5), ("per_row", 1.0)) if fp8 else (("static", 1.0),)
+    for name, x in rows.items():
+        for mode, static in modes:
+            yield _convert_sample(name, x, dtype, mode, static, seed)
+    yield _convert_sample("empty-batch", torch.zeros((0, 5)), dtype, modes[-1][0], modes[-1][1], seed)
+
+
+def _convert_recipe(dtype: str):
+    from hypothesis import strategies as st
+    modes = st.sampled_from([("static", 0.37), ("static", 3.5), ("per_row", 1.0), ("static", 1.0)])
+    return st.tuples(S.hard_logits_rows(max_vocab=64), modes).map(lambda t: _convert_sample(
+        f"hyp-{t[0][3]}", S.build_hard_logits(t[0]) * 30, dtype, t[1][0], t[1][1], t[0][0]))
+
+
+def _convert_errors():
+    x = torch.zeros((2, 3))
+    yield ErrorInput("mode-batch", lambda: dtypes.to_logits_dtype(x, "float8_e4m3fn", scale_mode="batch"), ValueError,
+                     "not one of", "mode")
+    yield ErrorInput("static-scale-negative", lambda: dtypes.to_logits_dtype(x, "float8_e4m3fn", static_scale=-1.0),
+                     ValueError, "finite and > 0", "static_scale")
+    yield ErrorInput("static-scale-nan", lambda: dtypes.to_logits_dtype(x, "float8_e4m3fn", static_scale=float("nan")),
+                     ValueError, "finite and > 0", "static_scale")
+    yield ErrorInput("dtype-not-logits", lambda: dtypes.to_logits_dtype(x, "float64"), ValueError,
+                     "is not a logits dtype", "dtype")
+    yield ErrorInput("empty-vocab", lambda: dtypes.to_logits_dtype(x[:, :0], "float16"), ValueError,
+                     "expected shape", "logits")
+
+
+# ---------------------------------------------------------------------------------------------
+# the row argmax (torch path and the Triton kernel, interpreted on the CPU)
+
+
+def _argmax_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        kw = {"block_v": 32} if which == "triton" else {}
+        return {"index": row_argmax(s.args["x"], impl=which, **kw)}
+    return impl
+
+
+def _argmax_ref(s: SampleInput) -> dict:
+    x = s.args["x"]
+    return {"index": torch.tensor([reference.greedy_token(row) for row in x.float().numpy()],
+                                  dtype=torch.int64).view(x.shape[0], 1)}
+
+
+def _argmax_sample(name, x, dtype, seed):
+    values, _ = S.as_logits_dtype(x, dtype)
+    return SampleInput(name, {"x": values}, seed)
+
+
+def _argmax_samples(small: bool):
+    def samples(dtype: str, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        vocabs = (1, 31, 32, 33, 65) if small else (1, 31, 32, 33, 64, 65, 389, 4097)
+        rows = 3 if small else 6
+        for vocab in vocabs:
+            yield _argmax_sample(f"tie-heavy-V{vocab}", S.tie_heavy_rows(gen, rows, vocab), dtype, seed)
+        x = torch.zeros((3, 70))
+        x[0, 0], x[1, 69], x[2, [5, 40]] = 1.0, 1.0, 2.0          # both edges; a tie across blocks
+        yield _argmax_sample("boundary-V70", x, dtype, seed)
+        yield _argmax_sample("ulp-adjacent", S.ulp_adjacent_rows(gen, 3, 70), dtype, seed)
+        yield _argmax_sample("nan-rows", S.nan_rows(gen, 4, 70), dtype, seed)
+        yield _argmax_sample("inf-rows", S.inf_rows(gen, 3, 70), dtype, seed)
+        yield _argmax_sample("all-equal", torch.zeros((2, 70)), dtype, seed)
+        yield _argmax_sample("empty-batch", torch.zeros((0, 33)), dtype, seed)
+    return samples
+
+
+def _argmax_recipe(dtype: str):
+    return S.hard_logits_rows(max_vocab=70).map(lambda t: _argmax_sample(f"hyp-{t[3]}", S.build_hard_logits(t), dtype,
+                                                                          t[0]))
+
+
+def _argmax_errors(which: str):
+    def errors():
+        yield ErrorInput("1-D", lambda: row_argmax(torch.zeros(3), impl=which), ValueError, r"x must be \[N, V\]", "x")
+        yield ErrorInput("empty-vocab", lambda: row_argmax(torch.zeros((2, 0)), impl=which), ValueError,
+                         r"x must be \[N, V\] with V >= 1", "x")
+        yield ErrorInput("bad-impl", lambda: row_argmax(torch.zeros((2, 3)), impl="cuda"), ValueError,
+                         "impl must be one of", "impl")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------
+# the packed logprob message (docs/protocol.md): specverify's writer + reader against the
+# reference's byte-by-byte layout (legacy_encode re-headed as packed, plus the trailer) + reader
+
+CODEC_CAPACITY = (5, 4, 3)      # (max_bsz, k, max_draft_tokens): small, so messages stay short
+
+
+def _codec_out(d: dict) -> dict:
+    rows = [r for req in d["token_ids"] for r in req]
+    lps = [r for req in d["logprobs"] for r in req]
+    w = d["width"]
+    return {"meta": torch.tensor([d["msg_id"], int(d["keep_running"]), d["flag"], w, d["bsz"]], dtype=torch.int64),
+            "counts": torch.tensor(list(d["counts"]), dtype=torch.int64),
+            "token_ids": torch.tensor(rows, dtype=torch.int64).view(-1, w),
+            "logprobs": torch.tensor(np.array(lps, dtype=np.float32).reshape(-1, w)),
+            "ranks": torch.tensor([r for req in d["ranks"] for r in req], dtype=torch.int64)}
+
+
+def _codec_impl(s: SampleInput, profile) -> dict:
+    a = s.args
+    cap = msg.Capacity(*CODEC_CAPACITY)
+    wire = msg.MessageWriter(cap).write(msg_id=a["msg_id"], keep_running=a["keep_running"], flag=a["flag"],
+                                        counts=a["counts"], token_ids=a["token_ids"], logprobs=a["logprobs"],
+                                        ranks=a["ranks"])
+    m = msg.read_message(bytes(wire), capacity=cap)
+    return _codec_out(dataclasses.asdict(m))
+
+
+def _ref_wire(a: dict) -> bytes:
+    """The packed message built from the reference's layout: legacy_encode writes every column,
+    then meta[1] becomes the packed header and the capacity trailer follows the last block."""
+    cap = rproto.ProtocolCapacity(*CODEC_CAPACITY)
+    counts = [int(c) for c in a["counts"]]
+    tok, lps, rnk = a["token_ids"].tolist(), a["logprobs"].tolist(), a["ranks"].tolist()
+    buf = bytearray(rproto.legacy_encode(msg_id=a["msg_id"], keep_running=a["keep_running"], flag=a["flag"],
+                                         counts=counts, token_ids=tok, logprobs=lps, ranks=rnk, capacity=cap))
+    struct.pack_into("<i", buf, 4, reference.packed_header(a["flag"], a["token_ids"].shape[2]))
+    return bytes(buf) + struct.pack("<4i", rproto.TRAILER_MAGIC, *cap)
+
+
+def _codec_ref(s: SampleInput) -> dict:
+    return _codec_out(reference.packed_decode(_ref_wire(s.args), capacity=rproto.ProtocolCapacity(*CODEC_CAPACITY)))
+
+
+def _codec_sample(name, seed, counts, width, *, flag=3, msg_id=7, keep_running=True, lp=None, tokens=None):
+    gen = torch.Generator().manual_seed(seed)
+    bsz, rows = len(counts), CODEC_CAPACITY[2]
+    tok = torch.randint(0, 50000, (bsz, rows, width), generator=gen) if tokens is None else tokens
+    lps = (-torch.rand((bsz, rows, width), generator=gen) * 20).float() if lp is None else lp
+    return SampleInput(name, {"msg_id": msg_id, "keep_running": keep_running, "flag": flag,
+                              "counts": np.array(counts, dtype=np.int64), "token_ids": tok.numpy().astype(np.int64),
+                              "logprobs": lps.numpy().astype(np.float32),
+                              "ranks": torch.randint(1, 1000, (bsz, rows), generator=gen).numpy()}, seed)
+
+
+def _codec_samples(dtype: str, seed: int):
+    k1 = CODEC_CAPACITY[1] + 1
+    yield _codec_sample("plain", seed, [1, 3, 2], 3)
+    yield _codec_sample("boundary-width-1", seed, [3, 1], 1, flag=4)
+    yield _codec_sample("boundary-width-k+1-flag-255", seed, [2, 2, 2, 2, 2], k1, flag=255, msg_id=2**31 - 1)
+    yield _codec_sample("boundary-flag-0-stop", seed, [1], 2, flag=0, keep_running=False)
+    yield _codec_sample("boundary-signals", seed, [0, -3, -9, 2], 2)
+    yield _codec_sample("boundary-int32-tokens", seed, [2, 1], 2,
+                        tokens=torch.tensor([2**31 - 1, -2**31, 0, 1, 2, 3] * 2).view(2, 3, 2))
+    nan = torch.tensor([float("nan"), float("-inf"), float("inf"), -0.0, 0.0, 1e-45] * 3).view(1, 3, 6)[..., :k1]
+    yield _codec_sample("nan-inf-logprobs", seed, [3], k1, lp=nan.float())
+    a = torch.tensor(-1.5)
+    ulp = torch.stack([a, torch.nextafter(a, a + 1), torch.nextafter(a, a - 1)]).repeat(2, 3, 1)[..., :2]
+    yield _codec_sample("ulp-adjacent-logprobs", seed, [3, 3], 2, lp=ulp.view(2, 3, 2).float())
+    yield _codec_sample("empty-batch", seed, [], 2)
+
+
+def _codec_recipe(dtype: str):
+    from hypothesis import strategies as st
+    counts = st.lists(st.sampled_from([0, -3, -9, 1, 2, 3]), min_size=0, max_size=CODEC_CAPACITY[0])
+    return st.tuples(st.integers(0, 2**31 - 1), counts, st.integers(1, CODEC_CAPACITY[1] + 1),
+                     st.integers(0, 255), st.booleans()).map(
+        lambda t: _codec_sample("hyp", t[0], t[1], t[2], flag=t[3], keep_running=t[4]))
+
+
+def _codec_errors():
+    cap = msg.Capacity(*CODEC_CAPACITY)
+    s = _codec_sample("e", 0, [1, 2], 2).args
+
+    def write(**kw):
+        args = {k: v for k, v in s.items()} | kw
+        return lambda: msg.MessageWriter(cap).write(**args)
+    rcap = rproto.ProtocolCapacity(*CODEC_CAPACITY)
+    legacy = rproto.legacy_encode(msg_id=1, keep_running=True, flag=3, counts=[1], token_ids=[[[1]]],
+                                  logprobs=[[[0.0]]], ranks=[[1]], capacity=rcap)
+    legacy += struct.pack("<4i", rproto.TRAILER_MAGIC, *rcap)
+    good = bytes(msg.MessageWriter(cap).write(**s))
+    yield ErrorInput("flag-256", write(flag=256), ValueError, "message_flag must be in 0..255", "message_flag")
+    yield ErrorInput("width-0", write(token_ids=s["token_ids"][..., :0], logprobs=s["logprobs"][..., :0]), ValueError,
+                     "max_num_logprobs", "max_num_logprobs")
+    yield ErrorInput("width-above-k+1", write(token_ids=np.zeros((2, 3, 6), dtype=np.int64),
+                                              logprobs=np.zeros((2, 3, 6), dtype=np.float32)),
+                     ValueError, "max_num_logprobs", "max_num_logprobs")
+    yield ErrorInput("count-above-rows", write(counts=np.array([1, 4])), ValueError, "counts", "counts")
+    yield ErrorInput("count-negative", write(counts=np.array([1, -1])), ValueError, "counts", "counts")
+    yield ErrorInput("logprobs-float64", write(logprobs=s["logprobs"].astype(np.float64)), ValueError,
+                     "logprobs must be float32", "logprobs")
+    yield ErrorInput("msg-id-0", write(msg_id=0), ValueError, "msg_id", "msg_id")
+    yield ErrorInput("read-legacy-header", lambda: msg.read_message(legacy, capacity=cap), msg.MalformedMessage,
+                     "legacy header", "header")
+    yield ErrorInput("read-truncated", lambda: msg.read_message(good[:-20], capacity=cap), msg.MalformedMessage,
+                     "truncated|bytes", "message")
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry
 
 ALL_LOGITS = dtypes.LOGITS_DTYPES
 FLOAT_LOGITS = ("float32", "bfloat16", "float16")
@@ -353,31 +1070,73 @@ def _per_policy(fp8_for_cuda, fp8_for_rocm):
 
 
 LOGITS_BY_POLICY = _per_policy(("float8_e4m3fn", "float8_e5m2"), ("float8_e4m3fnuz", "float8_e5m2fnuz"))
-PROBS_ONLY = {"cpu": ("float32",), "cuda": ("float32",), "rocm": ("float32",)}
+FP8_BY_POLICY = {"cpu": dtypes.FP8_DTYPES, "cuda": ("float8_e4m3fn", "float8_e5m2"),
+                 "rocm": ("float8_e4m3fnuz", "float8_e5m2fnuz")}
+
+
+def _only(*names):
+    return {p: tuple(names) for p in POLICIES}
+
 
 REGISTRY: dict[str, OpSpec] = {op.name: op for op in (
     OpSpec("select_draft_topk", _select_impl, _select_ref, _select_samples, _select_recipe, _select_errors,
-           LOGITS_BY_POLICY, {"index": EXACT, "p": CLOSE}),
-    OpSpec("draft_tree", _tree_impl, _tree_ref, _tree_samples, _tree_recipe, _tree_errors, PROBS_ONLY,
-           {f: EXACT for f in TREE_FIELDS + ("kept_flat",)}),
-    OpSpec("verify_greedy", _greedy_impl, _greedy_ref, _verify_samples, _verify_recipe, _no_errors,
-           LOGITS_BY_POLICY, {"accept_nodes": EXACT, "num_correct": EXACT, "bonus": EXACT}),
-    OpSpec("verify_stochastic", _stochastic_impl, _stochastic_ref, _verify_samples, _verify_recipe, _no_errors,
-           {"cpu": ("float64",), "cuda": ("float64",), "rocm": ("float64",)},
-           {"accept_nodes": EXACT, "num_correct": EXACT, "bonus": EXACT}),
+           LOGITS_BY_POLICY, {"index": EXACT, "p": CLOSE}, max_examples=12),
+    OpSpec("draft_tree", _tree_impl, _tree_ref, _tree_samples, _tree_recipe, _tree_errors, _only("float32"),
+           {f: EXACT for f in TREE_FIELDS + ("kept_flat",)}, platform_dependent=False, max_examples=20),
+    OpSpec("verify_greedy", _greedy_impl, _greedy_ref, _verify_samples, _verify_recipe, _verify_errors,
+           LOGITS_BY_POLICY, {"accept_nodes": EXACT, "num_correct": EXACT, "bonus": EXACT},
+           platform_dependent=False, max_examples=8),
+    OpSpec("verify_stochastic", _stochastic_impl, _stochastic_ref, _stochastic_samples, _verify_recipe,
+           _stochastic_errors, _only("float64"), {"accept_nodes": EXACT, "num_correct": EXACT, "bonus": EXACT},
+           platform_dependent=False, max_examples=20,
+           edge_exempt=(("nan", "target_probs come from sampling_probs, which turns a row holding NaN into NaN "
+                                "everywhere; the reference refuses to draw from it (ValueError) and the optimized op "
+                                "reads no values on its hot path: NaN rows are outside 6.4's contract"),)),
+    OpSpec("sampling_probs", _sampling_impl, _sampling_ref, _sampling_samples, _sampling_recipe, _sampling_errors,
+           LOGITS_BY_POLICY, {"p": CLOSE}, tolerance_dtype="float64", platform_dependent=False, max_examples=8),
+    OpSpec("sample_from_probs", _draw_impl, _draw_ref, _draw_samples, _draw_recipe, _draw_errors, _only("float64"),
+           {"token": EXACT}, platform_dependent=False, max_examples=25),
+    OpSpec("logprob_rows", _logprob_impl, _logprob_ref, _logprob_samples, _logprob_recipe, _logprob_errors,
+           LOGITS_BY_POLICY, {"ids": EXACT, "logprobs": CLOSE, "ranks": EXACT}, tolerance_dtype="float64",
+           platform_dependent=False, max_examples=8),
+    OpSpec("quantize_fp8", _quantize_impl, _quantize_ref, _quantize_samples, _quantize_recipe, _quantize_errors,
+           FP8_BY_POLICY, {"codes": EXACT}, platform_dependent=False, max_examples=10),
+    OpSpec("convert_logits", _convert_impl, _convert_ref, _convert_samples, _convert_recipe, _convert_errors,
+           LOGITS_BY_POLICY, {"upcast": EXACT, "scale": EXACT}, platform_dependent=False, max_examples=8),
+    OpSpec("row_argmax", _argmax_impl("torch"), _argmax_ref, _argmax_samples(False), _argmax_recipe,
+           _argmax_errors("torch"), LOGITS_BY_POLICY, {"index": EXACT}, platform_dependent=False, max_examples=10),
+    OpSpec("row_argmax_triton", _argmax_impl("triton"), _argmax_ref, _argmax_samples(True), _argmax_recipe,
+           _argmax_errors("triton"), LOGITS_BY_POLICY, {"index": EXACT}, platform_dependent=False, max_examples=3),
+    OpSpec("message_codec", _codec_impl, _codec_ref, _codec_samples, _codec_recipe, _codec_errors,
+           _only("float32"), {"meta": EXACT, "counts": EXACT, "token_ids": EXACT, "logprobs": EXACT,
+                                   "ranks": EXACT}, platform_dependent=False, max_examples=15),
 )}
 
 
 def compare_outputs(op: OpSpec, got: dict, want: dict, what: str) -> None:
+    """Every output named in op.compare: EXACT (integers equal; floats equal, NaN matching NaN)
+    or CLOSE (the tolerance table entry of op.tolerance_dtype)."""
     from tests.support.asserts import assert_close
     for name, how in op.compare.items():
+        if name not in got or name not in want:
+            raise AssertionError(f"{what}: output {name!r} missing from the "
+                                 f"{'implementation' if name not in got else 'reference'}")
         g, w = got[name], want[name]
         if g is None:          # the implementation declared this output not comparable here
             continue
         if how == EXACT:
-            g, w = g.cpu().to(torch.int64), w.to(torch.int64)
-            if g.shape != w.shape or not torch.equal(g, w):
-                diff = (g != w).nonzero()[:5].tolist() if g.shape == w.shape else "shape"
-                raise AssertionError(f"{what}: output {name!r} differs at {diff}\n got  {g.tolist()}\n want {w.tolist()}")
+            g = g.cpu()
+            if g.shape != w.shape:
+                raise AssertionError(f"{what}: output {name!r} has shape {tuple(g.shape)}, want {tuple(w.shape)}")
+            if g.dtype.is_floating_point or w.dtype.is_floating_point:
+                g64, w64 = g.to(torch.float64), w.to(torch.float64)
+                same = (g64 == w64) | (torch.isnan(g64) & torch.isnan(w64))
+            else:
+                same = g.to(torch.int64) == w.to(torch.int64)
+            if not bool(same.all()):
+                diff = (~same).nonzero()[:5].tolist()
+                firsts = ", ".join(f"{tuple(i)}: {g[tuple(i)].item()} vs {w[tuple(i)].item()}" for i in diff)
+                raise AssertionError(f"{what}: output {name!r}: {int((~same).sum())} of {same.numel()} differ; "
+                                     f"first (got vs want): {firsts}")
         else:
             assert_close(g, w, op.tolerance_dtype, f"{what}: output {name!r}")
