@@ -50,21 +50,134 @@ def test_every_path_honours_the_tie_contract(profile_name, fast, dtype, seed):
         assert idx.tolist() == want
 
 
+# ------------------------------------------------------------------------------------------------
+# The gate of the argmax fast path, held against what the shipped ops do on the live device.
+#
+# What the gate means. `argmax_fast_path` lets topk == 1 replace what engines ship,
+# `torch.topk(torch.softmax(x, -1), 1)`, by `torch.argmax(x, -1)` (x the float32 upcast logits).
+# The replacement is allowed on a device only if argmax there honours the tie contract
+# (docs/semantics.md 3: the first maximal upcast logit) on the rows where it matters: tie-heavy FP8
+# rows and ulp-adjacent float32 rows. Where the two shipped ops disagree, one of them breaks the
+# contract, and the contract (computed here in plain Python on the CPU) says which:
+#   - argmax wrong (the seed: ROCm's argmax on tie-heavy FP8 logits, GSM8K 0.975 -> 0.035): the
+#     fast path would introduce the error -> the profile must NOT allow it;
+#   - softmax+topk wrong (a float32 softmax merges 0.49999997 and 0.5 into one probability, and
+#     torch.topk's order among equal values is unspecified): the fast path is the faithful one; that is the softmax path's own defect, which
+#     specverify's softmax path avoids by ordering by the upcast logits (6.1). It does not forbid
+#     the fast path.
+# So: profile allows the fast path  =>  the device's argmax meets the contract on every probe row.
+# The converse is not required (a profile may keep the softmax path by policy, as ROCm does).
+
+
+@dataclasses.dataclass(frozen=True)
+class GateFinding:
+    rows: int
+    disagree: int        # rows where argmax and softmax+topk differ
+    argmax_wrong: int    # rows where argmax breaks the contract
+    softmax_wrong: int   # rows where softmax+topk breaks the contract
+
+
+def shipped_top1(up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two ops engines ship, nothing of specverify in between: (argmax, topk of softmax)."""
+    fast = torch.argmax(up, dim=-1)
+    soft = torch.topk(torch.softmax(up, dim=-1), 1, dim=-1).indices[:, 0]
+    return fast, soft
+
+
+def contract_top1(up: torch.Tensor) -> list[int]:
+    """First maximal index of each row, in plain Python (no torch reduction)."""
+    out = []
+    for row in up.cpu().tolist():
+        best = 0
+        for i, x in enumerate(row):
+            if x > row[best]:
+                best = i
+        out.append(best)
+    return out
+
+
+def gate_finding(fast: list[int], soft: list[int], contract: list[int]) -> GateFinding:
+    return GateFinding(rows=len(contract),
+                       disagree=sum(a != b for a, b in zip(fast, soft)),
+                       argmax_wrong=sum(a != c for a, c in zip(fast, contract)),
+                       softmax_wrong=sum(b != c for b, c in zip(soft, contract)))
+
+
+def gate_consistent(allows_fast_path: bool, finding: GateFinding) -> bool:
+    """The gate's meaning (above): allowing the fast path requires argmax to meet the contract."""
+    return not allows_fast_path or finding.argmax_wrong == 0
+
+
+def ulp_adjacent_rows(gen: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
+    """float32 rows whose two largest logits are one ulp apart (or equal), placed at random
+    positions, values below 1 in magnitude so that a float32 softmax merges them."""
+    x = torch.rand((rows, vocab), generator=gen) * 2.0 - 1.5              # [-1.5, 0.5): below every top
+    tops = torch.tensor([0.5, 0.75, 0.9, 0.3125], dtype=torch.float32)
+    for r in range(rows):
+        hi = tops[r % len(tops)]
+        lo = torch.nextafter(hi, torch.tensor(-1.0)) if r % 5 else hi    # every 5th row: an exact tie
+        i, j = torch.randperm(vocab, generator=gen)[:2].tolist()
+        x[r, i], x[r, j] = lo, hi
+    return x
+
+
+def probe_rows(profile, seed: int) -> list[torch.Tensor]:
+    """The upcast probe rows on the profile's device: tie-heavy FP8 rows of each of its formats
+    and ulp-adjacent float32 rows."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for dtype in profile.fp8_formats:
+        values, _ = tie_heavy_fp8(dtype, seed, rows=256, vocab=4099)
+        out.append(values.to(profile.device).float())                     # the upcast, on the device
+    out.append(ulp_adjacent_rows(gen, 256, 1031).to(profile.device))
+    return out
+
+
 @pytest.mark.fp8
 def test_live_platform_gate_matches_reality(seed):
-    """If, on this machine, the argmax path and the softmax path disagree on tie-heavy FP8 input,
-    the live profile must not allow the fast path."""
+    """The live profile's `argmax_fast_path` against the shipped ops on its own device (CPU here,
+    CUDA on a GPU runner): if torch.argmax breaks the tie contract on a tie-heavy FP8 or an
+    ulp-adjacent float32 row there, the profile must not allow the fast path (meaning above).
+    Deterministic: seeded rows, exact comparisons."""
     profile = get_profile()
-    disagree = False
-    for dtype in profile.fp8_formats:
-        values, scale = tie_heavy_fp8(dtype, seed, rows=256, vocab=4099)
-        values, scale = values.to(profile.device), scale.to(profile.device)
-        _, fast_index = ops.select_draft_topk(values, 1, platform=forced(profile, True), scale=scale)
-        _, soft_index = ops.select_draft_topk(values, 1, platform=forced(profile, False), scale=scale)
-        disagree |= not torch.equal(fast_index, soft_index)
-    assert not (disagree and profile.argmax_fast_path), (
-        f"profile {profile.name} allows the argmax fast path, but argmax and softmax+topk disagree on "
-        f"tie-heavy FP8 logits here")
+    findings = []
+    for up in probe_rows(profile, seed):
+        # The rows are hard: most FP8 rows tie at the top; the float32 rows carry ulp-adjacent tops.
+        top2 = up.topk(2, dim=-1).values
+        assert ((top2[:, 0] == top2[:, 1]) | (torch.nextafter(top2[:, 1], top2[:, 0]) == top2[:, 0])).float().mean() > 0.5
+        fast, soft = shipped_top1(up)
+        findings.append(gate_finding(fast.cpu().tolist(), soft.cpu().tolist(), contract_top1(up)))
+    assert all(gate_consistent(profile.argmax_fast_path, f) for f in findings), (
+        f"profile {profile.name} (device {profile.device}) allows the argmax fast path, but torch.argmax breaks "
+        f"the first-maximal-index contract here: {findings}")
+
+
+def test_gate_check_fails_on_a_wrong_argmax():
+    """The check above can fail: a (fake) device whose argmax picks a later tied index."""
+    contract = [0, 3, 1]
+    honest = gate_finding(fast=[0, 3, 1], soft=[0, 2, 1], contract=contract)    # softmax merged row 1
+    assert honest == GateFinding(rows=3, disagree=1, argmax_wrong=0, softmax_wrong=1)
+    assert gate_consistent(True, honest), "a softmax merge does not forbid the fast path"
+    broken = gate_finding(fast=[0, 3, 2], soft=[0, 3, 1], contract=contract)    # argmax took a later tie
+    assert broken.argmax_wrong == 1 and broken.disagree == 1
+    assert not gate_consistent(True, broken)
+    assert gate_consistent(False, broken), "a profile without the fast path is never contradicted"
+    # contract_top1 is the first maximal index, ties included.
+    assert contract_top1(torch.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 2.0], [0.0, -1.0, 0.5]])) == [1, 0, 2]
+
+
+def test_shipped_softmax_path_merges_ulp_adjacent_logits_on_the_cpu():
+    """Why the gate is about argmax and not about agreement: on the CPU the shipped softmax merges
+    ulp-adjacent logits (0.49999997 and 0.5 get one probability) and topk then breaks the contract
+    on some of the probe rows, while argmax does not. The CPU profile rightly allows the fast path."""
+    up = torch.tensor([[0.49999997, 0.5, -1.0, -2.0]], dtype=torch.float32)
+    probs = torch.softmax(up, dim=-1)
+    assert probs[0, 0] == probs[0, 1] and torch.argmax(up, dim=-1).item() == 1
+    rows = ulp_adjacent_rows(torch.Generator().manual_seed(3), 256, 1031)
+    fast, soft = shipped_top1(rows)
+    finding = gate_finding(fast.tolist(), soft.tolist(), contract_top1(rows))
+    assert finding.argmax_wrong == 0 and finding.softmax_wrong > 0, finding
+    assert gate_consistent(get_profile("cpu").argmax_fast_path, finding)
 
 
 def test_fast_path_computes_no_softmax(monkeypatch):

@@ -408,11 +408,34 @@ def test_to_logits_dtype_errors():
         D.to_logits_dtype(torch.ones(2, 3), "float8_e4m3fn", scale_mode="batch")
 
 
+def independent_upcast(values: torch.Tensor, dtype: str) -> np.ndarray:
+    """float32 values of a logits-dtype tensor read from its bit patterns without torch's
+    conversion: reference.fp8.decode for FP8, numpy's float16, bfloat16 as the high half of a
+    float32, float32 as itself."""
+    if dtype in FP8:
+        return ref.decode(codes_of(values), dtype).astype(np.float32)
+    if dtype == "float16":
+        return values.view(torch.int16).numpy().view(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = values.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    assert dtype == "float32"
+    return values.view(torch.int32).numpy().view(np.float32)
+
+
 @pytest.mark.parametrize("dtype", D.LOGITS_DTYPES)
 def test_upcast_logits(dtype):
-    values, _ = D.to_logits_dtype(torch.linspace(-5, 5, 23)[None], dtype)
+    """upcast_logits against the values read from the bit patterns (every FP8 code, NaN included)."""
+    if dtype in FP8:
+        values = torch.from_numpy(all_codes()).view(getattr(torch, dtype))[None]
+    else:
+        values, _ = D.to_logits_dtype(torch.linspace(-5, 5, 23)[None] * 1.37 + 1e-3, dtype)
     up = D.upcast_logits(values)
-    assert up.dtype == torch.float32 and torch.equal(up, values.float())
+    want = independent_upcast(values, dtype)
+    assert up.dtype == torch.float32 and up.shape == values.shape
+    np.testing.assert_array_equal(up.numpy(), want)     # NaN equals NaN here; signed zeros compare equal
+    finite = ~np.isnan(want)                            # a NaN's sign is not part of the contract
+    assert np.array_equal(np.signbit(up.numpy())[finite], np.signbit(want)[finite])
 
 
 # ------------------------------------------------------------------------------------------

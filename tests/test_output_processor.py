@@ -12,6 +12,7 @@ import pytest
 from specverify.protocol.message import (DRAFT_TOKENS, PREEMPTED, RECOVERY_STOP, TARGET_TOKENS, Capacity,
                                          MessageWriter, read_message)
 from specverify.protocol.output import OutputProcessor, StreamError
+from tests.support import transport_peers
 
 CAP = Capacity(max_bsz=4, k=3, max_draft_tokens=3)
 
@@ -81,18 +82,7 @@ def test_stream_end_and_errors():
         OutputProcessor(1).process(message(w, [1], flag=7))
 
 
-def consume_in_child(name, capacity_fields, num_requests, out_queue):
-    """Child process: read messages from the ring, run the output processor, send back tokens."""
-    from specverify.protocol.message import Capacity, read_message
-    from specverify.protocol.output import OutputProcessor
-    from specverify.protocol.transport import RingConsumer
-
-    cap = Capacity(*capacity_fields)
-    proc = OutputProcessor(num_requests)
-    with RingConsumer.attach(name) as ring:
-        while (payload := ring.receive(timeout=20.0)) is not None:
-            proc.process(read_message(payload, capacity=cap))
-    out_queue.put([(r.tokens, [(x.token, x.logprob, x.rank, x.top) for x in r.logprobs]) for r in proc.results])
+STARTUP_S = 120.0   # a cold spawn child on a loaded machine (a GPU runner under pytest -n auto)
 
 
 def test_engine_messages_cross_processes_unchanged():
@@ -102,7 +92,7 @@ def test_engine_messages_cross_processes_unchanged():
     from specverify.engine import logprobs as engine_logprobs
     from specverify.engine.speculative import SpecConfig
     from specverify.protocol.transport import RingProducer, RingSpec
-    from tests.support.cases import cached_models
+    from tests.support.cases import steered_cached_models
 
     sent = []
     real = engine_logprobs.LogprobChannel._deliver
@@ -112,22 +102,38 @@ def test_engine_messages_cross_processes_unchanged():
         sent.append((bytes(self.writer.write(msg_id=1, keep_running=keep_running, flag=TARGET_TOKENS, counts=counts,
                                              token_ids=token_ids, logprobs=logprobs, ranks=ranks)), self.capacity))
 
-    models = cached_models(compute_dtype="float64", draft_agreement=0.6)
+    spec = SpecConfig(num_steps=2, topk=2, num_draft_tokens=4)
+    models = steered_cached_models(0.6, [[1, 2, 3], [9], [4, 4]], [7, 5, 9], spec, compute_dtype="float64")
+    # "spawn", never fork: this process has torch (and, on a GPU runner, CUDA) initialised.
     mp_ctx = mp.get_context("spawn")
     with pytest.MonkeyPatch.context() as mpatch:
         mpatch.setattr(engine_logprobs.LogprobChannel, "_deliver", tap)
         out = specverify.generate(models, [[1, 2, 3], [9], [4, 4]], max_new_tokens=[7, 5, 9], logprobs=3,
-                                  spec=SpecConfig(num_steps=2, topk=2, num_draft_tokens=4))
+                                  spec=spec)
     cap = sent[0][1]
-    queue = mp_ctx.Queue()
+    receiver, sender = mp_ctx.Pipe(duplex=False)
     with RingProducer.create(RingSpec(slots=4, max_message_bytes=cap.max_message_bytes)) as ring:
-        child = mp_ctx.Process(target=consume_in_child, args=(ring.name, (cap.max_bsz, cap.k, cap.max_draft_tokens),
-                                                                3, queue))
+        child = mp_ctx.Process(target=transport_peers.consume_and_process, daemon=True,
+                               args=(sender, ring.name, (cap.max_bsz, cap.k, cap.max_draft_tokens), 3))
         child.start()
-        for payload, _ in sent:
-            ring.send(payload, timeout=20.0)
-    got = queue.get(timeout=60)
-    child.join(timeout=30)
+        sender.close()
+        try:
+            # Send only once the consumer is attached: the stream then has no deadline tied to how
+            # long the child takes to start.
+            assert receiver.poll(STARTUP_S), f"the consumer child did not attach in {STARTUP_S} s"
+            assert receiver.recv() == "attached"
+            for payload, _ in sent:
+                ring.send(payload, timeout=60.0)
+        except BaseException:
+            child.kill()
+            raise
+    try:
+        assert receiver.poll(STARTUP_S), f"the consumer child sent no results in {STARTUP_S} s"
+        got = receiver.recv()
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
     assert child.exitcode == 0
     assert [tokens for tokens, _ in got] == out.tokens
     for (_, recs), want in zip(got, out.logprobs):

@@ -22,10 +22,24 @@ def machine(monkeypatch):
     return fake
 
 
-def test_native_detection_here_is_cpu():
-    """This test box has no GPU; the unfaked detection must say so."""
-    assert torch.cuda.is_available() is False
-    assert P.native_platform() == "cpu"
+def test_native_detection_of_this_machine(monkeypatch):
+    """Unfaked: the detection names this machine, CPU box or GPU runner alike. The expectation is
+    read from facts torch reports independently of native_platform's own test: the device count
+    and the HIP build string."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    expected = "cpu" if gpus == 0 else ("rocm" if torch.version.hip else "cuda")
+    assert P.native_platform() == expected
+    monkeypatch.delenv(P.ENV_VAR, raising=False)
+    profile = P.get_profile()
+    assert profile.name == expected and profile.native
+    assert profile.device == ("cpu" if expected == "cpu" else "cuda")
+    assert set(P.available_profiles()) == {"cpu", "cuda-emulated", "rocm-emulated"} | (
+        set() if expected == "cpu" else {expected})
+    # Without a GPU every profile runs Triton under the interpreter; with one the native runs it compiled.
+    if expected == "cpu":
+        assert all(p.triton_interpreted for p in P.available_profiles().values())
+    else:
+        assert not P.get_profile(expected).triton_interpreted and P.get_profile(expected).cuda_graphs
 
 
 # Parameter ids spell "machine=cuda", not bare "cuda": a bare id equal to a platform marker's name

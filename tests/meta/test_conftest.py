@@ -29,25 +29,60 @@ def test_plain(seed):
 """
 
 
+# A plugin the sample run loads first (`-p fake_machine`): it makes the subprocess see another
+# machine, the way tests/test_platform.py fakes it, so every machine's outcome is checked on any box.
+FAKE_MACHINE = """
+import torch
+
+MACHINE = {machine!r}
+torch.cuda.is_available = lambda: MACHINE != "cpu"
+torch.cuda.device_count = lambda: 0 if MACHINE == "cpu" else 1
+torch.version.hip = "6.2.0" if MACHINE == "rocm" else None
+"""
+PLATFORM_MARKED = {"cuda": ("cuda",), "rocm": ("rocm",), "gpu": ("cuda", "rocm")}
+
+
 @pytest.fixture
 def suite(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.delenv("SPECVERIFY_PLATFORM", raising=False)
     pytester.makeconftest((ROOT / "conftest.py").read_text())
     pytester.makepyfile(test_sample=SAMPLE)
     return pytester
 
 
-def test_platform_marked_tests_skip_and_slow_ones_deselect(suite, monkeypatch):
+def machine_args(suite, machine: str) -> tuple[list[str], str]:
+    """(extra pytest args, the native platform the sample run sees): "live" is this machine."""
+    if machine == "live":
+        from specverify.platform import native_platform
+        return [], native_platform()
+    suite.makepyfile(fake_machine=FAKE_MACHINE.format(machine=machine))
+    return ["-p", "fake_machine"], machine
+
+
+# "live" is this machine (a CPU box in CPU CI, a GPU on a GPU runner); the fakes cover the others.
+MACHINES = ["live", "cuda", "rocm"]
+
+
+@pytest.mark.parametrize("machine", MACHINES, ids=lambda m: f"machine={m}")
+def test_platform_marked_tests_skip_and_slow_ones_deselect(suite, monkeypatch, machine):
+    """A platform-marked test runs where its platform is native and is skipped, with a one-line
+    reason, elsewhere; a slow test is deselected. Correct on a CPU box and on a GPU runner alike."""
     monkeypatch.delenv("SPECVERIFY_RUN_SLOW", raising=False)
-    result = suite.runpytest_subprocess("-rs", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, skipped=3, deselected=1)
-    result.stdout.fnmatch_lines(["*cuda-marked: this machine is cpu*", "*rocm-marked: this machine is cpu*",
-                                 "*gpu-marked: this machine is cpu*"])
+    extra, native = machine_args(suite, machine)
+    result = suite.runpytest_subprocess("-rs", "-p", "no:cacheprovider", *extra)
+    runs = [m for m, platforms in PLATFORM_MARKED.items() if native in platforms]
+    result.assert_outcomes(passed=1 + len(runs), skipped=3 - len(runs), deselected=1)
+    result.stdout.fnmatch_lines([f"*{m}-marked: this machine is {native}*" for m in PLATFORM_MARKED if m not in runs])
+    for m in runs:
+        result.stdout.no_fnmatch_line(f"*{m}-marked*")
 
 
 def test_run_slow_option_runs_slow_tests(suite):
-    result = suite.runpytest_subprocess("--run-slow", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, skipped=3)
+    extra, native = machine_args(suite, "live")
+    result = suite.runpytest_subprocess("--run-slow", "-p", "no:cacheprovider", *extra)
+    runs = [m for m, platforms in PLATFORM_MARKED.items() if native in platforms]
+    result.assert_outcomes(passed=2 + len(runs), skipped=3 - len(runs))
 
 
 def test_seed_is_crc32_of_test_id(suite):

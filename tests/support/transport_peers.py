@@ -56,3 +56,27 @@ def produce(conn, *, slots: int, max_bytes: int, count: int, seed: int,
     time.sleep(hold_s)
     if close:
         ring.close()
+
+
+def consume_and_process(conn, name: str, capacity_fields: tuple, num_requests: int) -> None:
+    """Consumer child for tests/test_output_processor.py: attach to ring `name` FIRST (standard
+    library only, so the attach does not wait for torch to import), report "attached" through
+    `conn`, drain the stream, then decode every message and run the output processor here, in this
+    process, and send back the per-request results. Importing the decoder package (numpy, torch)
+    happens after the stream is drained, so no ring deadline depends on how long that takes (on a
+    loaded GPU runner it can exceed the producer's linger)."""
+    t = transport()
+    payloads = []
+    with t.RingConsumer.attach(name) as ring:
+        conn.send("attached")
+        while (payload := ring.receive(timeout=60.0)) is not None:
+            payloads.append(payload)
+    from specverify.protocol.message import Capacity, read_message
+    from specverify.protocol.output import OutputProcessor
+
+    cap = Capacity(*capacity_fields)
+    proc = OutputProcessor(num_requests)
+    for payload in payloads:
+        proc.process(read_message(payload, capacity=cap))
+    conn.send([(r.tokens, [(x.token, x.logprob, x.rank, x.top) for x in r.logprobs]) for r in proc.results])
+    conn.close()
