@@ -43,6 +43,9 @@ settings.register_profile("thorough", max_examples=1000, deadline=None, print_bl
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
+    parser.addoption("--sv-sample", default=None, metavar="NAME",
+                     help="tests/test_ops_differential.py::test_differential runs only the sample called NAME "
+                          "(the replay command of a failure names it)")
     parser.addoption("--sv-hypothesis-profile", default=None,
                      help="hypothesis profile: ci | dev | thorough (env SPECVERIFY_HYPOTHESIS_PROFILE; "
                           "default ci under CI, else dev)")
@@ -55,6 +58,10 @@ def pytest_configure(config):
                or os.environ.get("SPECVERIFY_HYPOTHESIS_PROFILE")
                or ("ci" if os.environ.get("CI") else "dev"))
     settings.load_profile(profile)
+    try:
+        get_profile()   # a bad SPECVERIFY_PLATFORM: one line, not an INTERNALERROR traceback
+    except (TypeError, ValueError) as e:
+        raise pytest.UsageError(f"{ENV_VAR}={os.environ.get(ENV_VAR, '')!r}: {e}") from None
 
 
 def pytest_report_header(config):

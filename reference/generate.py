@@ -48,6 +48,10 @@ def logprob_record(z, token: int, n: int) -> TokenLogprob:
     return TokenLogprob(token=token, logprob=lp[token], rank=rank, top=top)
 
 
+# docs/semantics.md section 4: a positive temperature below this could overflow z / T in float64.
+MIN_TEMPERATURE = 1e-200
+
+
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -81,8 +85,13 @@ def _validate(config, prompts, max_new_tokens, temperature, top_k, top_p, min_p,
                 f"max_new_tokens: request {r} has prompt length {len(prompts[r])} + max_new_tokens {m}"
                 f" > max_context {config.max_context}"
             )
-    if not temperature >= 0:
-        raise ValueError(f"temperature: must be >= 0, got {temperature!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise ValueError(f"temperature: must be a real number, got {temperature!r}")
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
+        raise ValueError(
+            f"temperature: must be >= 0, and either 0 (greedy) or a finite number >= {MIN_TEMPERATURE!r};"
+            f" got {temperature!r}"
+        )
     if not _is_int(top_k) or top_k < 0:
         raise ValueError(f"top_k: must be an int >= 0, got {top_k!r}")
     if not 0 < top_p <= 1:

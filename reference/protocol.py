@@ -6,7 +6,8 @@ ranks int32[D] (D = max_draft_tokens). They differ in meta[1] and in the columns
 
 - legacy: meta[1] = message_flag alone; every row has all k+1 columns, the unused ones padded with
   token -1 and score 0.0;
-- packed: meta[1] = message_flag + 256 * width; only `width` columns are meaningful.
+- packed: meta[1] = message_flag + 256 * width; only `width` columns are meaningful; the message
+  is cut after block bsz-1 and ends with a 16-byte capacity trailer [magic, max_bsz, k, D].
 
 Plain dicts and lists out; a bad message is a ValueError. Independent of specverify by design.
 """
@@ -19,6 +20,9 @@ from typing import NamedTuple
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 NO_ROWS = (0, -3, -9)   # chunked prefill, recovery stop, preempted
+# packed layout only: the message ends with int32 [magic, max_bsz, k, max_draft_tokens]
+TRAILER_MAGIC = 0x70635653   # the bytes "SVcp" read as a little-endian int32
+TRAILER_SIZE = 16
 
 
 class ProtocolCapacity(NamedTuple):
@@ -85,12 +89,12 @@ def _float(buf, offset: int) -> float:
     return struct.unpack_from("<f", buf, offset)[0]
 
 
-def _read_meta(buf, cap: ProtocolCapacity) -> tuple[int, int, int]:
+def _read_meta(buf, cap: ProtocolCapacity, trailer: int = 0) -> tuple[int, int, int]:
     """(signed id, meta[1], bsz), after the length and id checks both layouts share."""
     size = len(buf)
     if size < meta_size(cap):
         raise ValueError(f"{size} bytes: shorter than the meta ({meta_size(cap)} bytes)")
-    if size > meta_size(cap) + cap.max_bsz * block_size(cap):
+    if size > meta_size(cap) + cap.max_bsz * block_size(cap) + trailer:
         raise ValueError(f"{size} bytes: longer than the whole struct")
     signed_id = _int(buf, 0)
     if signed_id == 0 or signed_id == INT32_MIN:
@@ -142,13 +146,22 @@ def packed_decode(buf, *, capacity: ProtocolCapacity = DEFAULT_PROTOCOL_CAPACITY
     """Decode a packed message: keys msg_id, keep_running, flag, width, bsz, counts, token_ids,
     logprobs, ranks (rows of `width` values, empty for counts <= 0)."""
     buf = bytes(buf)
-    signed_id, header, bsz = _read_meta(buf, capacity)
+    if len(buf) >= TRAILER_SIZE:
+        tail = struct.unpack_from("<4i", buf, len(buf) - TRAILER_SIZE)
+        if tail[0] == TRAILER_MAGIC and tail[1:] != tuple(capacity):
+            raise ValueError(f"capacity mismatch: trailer {tail[1:]}, receiver {tuple(capacity)}")
+    signed_id, header, bsz = _read_meta(buf, capacity, TRAILER_SIZE)
     flag, width = split_header(header)
     if width == 0:
         raise ValueError(f"header {header} has no width: a legacy header")
     if width > capacity.k + 1:
         raise ValueError(f"width {width} above k+1 = {capacity.k + 1}")
     counts = _read_counts(buf, capacity, bsz)
+    need = meta_size(capacity) + bsz * block_size(capacity) + TRAILER_SIZE
+    if len(buf) != need:
+        raise ValueError(f"{len(buf)} bytes: a packed message of {bsz} requests is exactly {need} bytes")
+    if struct.unpack_from("<4i", buf, need - TRAILER_SIZE) != (TRAILER_MAGIC, *capacity):
+        raise ValueError(f"the capacity trailer is missing or is not {(TRAILER_MAGIC, *capacity)}")
     token_ids, logprobs, ranks = _read_rows(buf, capacity, counts, width)
     return _as_dict(signed_id, flag, width, counts, token_ids, logprobs, ranks)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from specverify.platform import capturing
+from specverify.validation import is_real
 
 # --------------------------------------------------------------------------------------------
 # Registry
@@ -102,7 +103,7 @@ def _check_float_tensor(t, arg: str) -> None:
 
 
 def _check_static_scale(scale) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    if not is_real(scale):
         raise TypeError(f"static_scale: expected a float, got {type(scale).__name__}")
     s32 = torch.tensor([scale], dtype=torch.float32)
     if not (math.isfinite(float(scale)) and bool(torch.isfinite(s32)) and float(s32) > 0):
@@ -133,7 +134,7 @@ def _scale_tensor(scale, like: torch.Tensor) -> torch.Tensor:
         if not capturing(s.device) and not bool(torch.all(torch.isfinite(s) & (s > 0))):
             raise ValueError("scale: every element must be finite and > 0 in float32")
         return s
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    if not is_real(scale):
         raise TypeError(f"scale: expected a float or a float tensor, got {type(scale).__name__}")
     s32 = torch.tensor([scale], dtype=torch.float32)
     if not (math.isfinite(float(scale)) and bool(torch.isfinite(s32)) and float(s32) > 0):
@@ -183,6 +184,8 @@ def logits_scale(logits: torch.Tensor, dtype: str | torch.dtype, *, mode: str,
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"logits: expected shape [..., V] with V >= 1, got {tuple(logits.shape)}")
     out_shape = (*logits.shape[:-1], 1)
+    if not isinstance(mode, str):
+        raise TypeError(f"mode: expected a str, one of {SCALE_MODES}, got {type(mode).__name__} {mode!r}")
     if mode == "static":
         # A fill on the device (no host-to-device copy), so it can be captured in a CUDA graph.
         return torch.full(out_shape, _check_static_scale(static_scale), dtype=torch.float32, device=logits.device)

@@ -80,6 +80,11 @@ def _profiles(native: str) -> dict[str, PlatformProfile]:
 ALL_PROFILE_NAMES = ("cpu", "cuda", "rocm", "cuda-emulated", "rocm-emulated")
 
 
+class ProfileUnavailable(ValueError, RuntimeError):
+    """A known profile whose device this machine lacks (a ValueError of the argument, and a
+    RuntimeError for callers that catch environment problems)."""
+
+
 def available_profiles() -> dict[str, PlatformProfile]:
     """Every profile that can run on this machine, by name."""
     return _profiles(native_platform())
@@ -87,19 +92,25 @@ def available_profiles() -> dict[str, PlatformProfile]:
 
 def get_profile(name: str | None = None) -> PlatformProfile:
     """The profile called `name`, else the one `SPECVERIFY_PLATFORM` names, else the native one."""
+    source = "platform"
     if name is None:
         name = os.environ.get(ENV_VAR) or native_platform()
+        source = ENV_VAR if os.environ.get(ENV_VAR) else "native platform"
+    if not isinstance(name, str):
+        raise TypeError(f"platform must be None, a profile name or a PlatformProfile, got {type(name).__name__}")
     if name not in ALL_PROFILE_NAMES:
-        raise ValueError(f"platform profile {name!r} is unknown; expected one of {ALL_PROFILE_NAMES}")
+        raise ValueError(f"{source}: platform profile {name!r} is unknown; expected one of {ALL_PROFILE_NAMES}")
     profiles = available_profiles()
     if name not in profiles:
-        raise RuntimeError(f"platform profile {name!r} needs a {name} device, and this machine is "
+        raise ProfileUnavailable(f"platform profile {name!r} needs a {name} device, and this machine is "
                            f"{native_platform()!r}; emulate it with {name}-emulated")
     return profiles[name]
 
 
 def resolve(platform: PlatformProfile | str | None) -> PlatformProfile:
-    """Accept a profile, a profile name, or None (the default profile)."""
+    """Accept a profile, a profile name, or None (the default profile); TypeError for anything else."""
     if isinstance(platform, PlatformProfile):
         return platform
+    if platform is not None and not isinstance(platform, str):
+        raise TypeError(f"platform must be None, a profile name or a PlatformProfile, got {type(platform).__name__}")
     return get_profile(platform)

@@ -149,8 +149,8 @@ def test_default_capacity_sizes():
     assert (DEFAULT.max_bsz, DEFAULT.k, DEFAULT.max_draft_tokens) == (512, 20, 6)
     assert DEFAULT.meta_bytes == 4 * 515 == 2060
     assert DEFAULT.block_bytes == 4 * 126 + 4 * 126 + 4 * 6 == 1032
-    assert DEFAULT.max_message_bytes == 2060 + 512 * 1032 == 530444
-    assert DEFAULT.message_bytes(0) == 2060 and DEFAULT.message_bytes(3) == 2060 + 3 * 1032
+    assert DEFAULT.max_message_bytes == 2060 + 512 * 1032 + 16 == 530460    # + the capacity trailer
+    assert DEFAULT.message_bytes(0) == 2060 + 16 and DEFAULT.message_bytes(3) == 2060 + 3 * 1032 + 16
 
 
 @pytest.mark.parametrize("cap", CAPACITIES, ids=str)
@@ -443,17 +443,72 @@ def test_truncated_and_overlong_buffers(cap):
     for cut in short_meta + short_blocks:
         with pytest.raises(ValueError):
             ref.packed_decode(good[:cut], capacity=ref_cap(cap))
-    # Trailing bytes up to the full struct are ignored; past it, the capacities disagree.
-    padded = good + b"\x7f" * (cap.max_message_bytes - need)
-    assert decoded(padded, cap) == decoded(good, cap)
+    # A message is exactly its length: trailing bytes are refused (they would hide a capacity
+    # mismatch), and past the full struct the capacities disagree.
+    for extra in (1, 4, 16):
+        with pytest.raises(MalformedMessage, match=rf"longer than a message of bsz 3: exactly {need} bytes"):
+            read_message(good + b"\x7f" * extra, capacity=cap)
+        with pytest.raises(ValueError):
+            ref.packed_decode(good + b"\x7f" * extra, capacity=ref_cap(cap))
     with pytest.raises(MalformedMessage, match="longer than the full struct"):
-        read_message(padded + b"\0", capacity=cap)
+        read_message(good + b"\0" * (cap.max_message_bytes - need + 1), capacity=cap)
 
 
 def test_receiver_with_smaller_k_rejects_a_wider_message():
     buf = make_batch(DEFAULT, seed=17, bsz=2, width=8).write(MessageWriter())
-    with pytest.raises(MalformedMessage, match=r"max_num_logprobs 8, above k\+1 = 6"):
+    with pytest.raises(MalformedMessage, match=r"capacity mismatch: .*k=20.*receiver has .*k=5"):
         read_message(buf, capacity=Capacity(k=5))
+    # Without the trailer's verdict the header check alone would still refuse it.
+    with pytest.raises(MalformedMessage, match=r"max_num_logprobs 8, above k\+1 = 6"):
+        unpack_header(pack_header(TARGET_TOKENS, 8), capacity=Capacity(k=5))
+
+
+# Same block size as DEFAULT (D * (2k + 3) = 2 * 129 = 6 * 43) and the same max_bsz: every message
+# has the same length under both capacities, so only the trailer tells them apart.
+SAME_LENGTH_AS_DEFAULT = Capacity(max_bsz=512, k=63, max_draft_tokens=2)
+MISMATCH_CAPS = [*CAPACITIES, SAME_LENGTH_AS_DEFAULT, Capacity(max_bsz=8, k=3, max_draft_tokens=3),
+                 Capacity(max_bsz=9, k=3, max_draft_tokens=2)]
+MISMATCH_PAIRS = [(a, b) for a in MISMATCH_CAPS for b in MISMATCH_CAPS if a != b]
+
+
+@pytest.mark.parametrize("sender, receiver", MISMATCH_PAIRS,
+                         ids=[f"{a.max_bsz}-{a.k}-{a.max_draft_tokens}-to-{b.max_bsz}-{b.k}-{b.max_draft_tokens}"
+                              for a, b in MISMATCH_PAIRS])
+def test_capacity_mismatch_is_refused_never_garbage(sender, receiver):
+    assert SAME_LENGTH_AS_DEFAULT.block_bytes == DEFAULT.block_bytes
+    for bsz in sorted({0, 1, min(sender.max_bsz, receiver.max_bsz, 3)}):
+        batch = make_batch(sender, seed=40 + bsz, bsz=bsz, width=1, count_mode="full")
+        buf = batch.write(MessageWriter(sender))
+        with pytest.raises(MalformedMessage, match="capacity mismatch"):
+            read_message(buf, capacity=receiver)
+        with pytest.raises(ValueError, match="capacity mismatch"):
+            ref.packed_decode(buf, capacity=ref_cap(receiver))
+
+
+def test_message_without_trailer_is_refused():
+    batch = make_batch(SMALL, seed=41, bsz=2, width=2, count_mode="full")
+    buf = batch.write(MessageWriter(SMALL))
+    stripped = buf[:-16] + b"\0" * 16
+    with pytest.raises(MalformedMessage, match="no capacity trailer"):
+        read_message(stripped, capacity=SMALL)
+    with pytest.raises(ValueError):
+        ref.packed_decode(stripped, capacity=ref_cap(SMALL))
+
+
+@pytest.mark.parametrize("layout", ["strided-bytes", "strided-int32", "fortran-2d"])
+def test_non_contiguous_buffers_decode_their_logical_bytes(layout):
+    batch = make_batch(SMALL, seed=42, bsz=3, width=2)
+    buf = batch.write(MessageWriter(SMALL))
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    if layout == "strided-bytes":
+        arr = np.repeat(raw, 2)[::2]
+    elif layout == "strided-int32":
+        arr = np.repeat(raw.view("<i4"), 2)[::2]
+    else:
+        arr = np.asfortranarray(raw.reshape(-1, 4))
+        assert not arr.flags.c_contiguous
+    assert arr.tobytes() == buf
+    assert decoded(arr, SMALL) == batch.expected()
 
 
 INTERESTING_WORDS = [0, 1, -1, 2, 3, 4, 6, 7, -3, -5, -9, 255, 256, 0x103, 0x1503, 0x1603, 0xFFFFFF,

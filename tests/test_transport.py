@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 import threading
 import time
 
@@ -217,10 +218,59 @@ def test_attach_rejects_a_segment_that_is_not_a_ring():
         producer.close(linger=0.0)
 
 
-@pytest.mark.parametrize("slots, max_bytes", [(0, 16), (2, 0), (2.0, 16), (True, 16)])
-def test_ring_spec_rejects_bad_shapes(slots, max_bytes):
-    with pytest.raises(ValueError, match=r"RingSpec\.\w+ must be a positive int"):
+@pytest.mark.parametrize("slots, max_bytes, error", [(0, 16, ValueError), (2, 0, ValueError),
+                                                     (2.0, 16, TypeError), (True, 16, TypeError),
+                                                     (2, "16", TypeError)])
+def test_ring_spec_rejects_bad_shapes(slots, max_bytes, error):
+    with pytest.raises(error, match=r"RingSpec\.\w+ must be a positive int"):
         RingSpec(slots, max_bytes)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1.0])
+def test_non_finite_or_negative_timeouts_are_refused_not_hung(timeout):
+    # A NaN deadline never passes: before the check, receive and send (on a full ring) spun forever.
+    # SIGALRM turns a regression back into a hang into a failure instead of a stuck run.
+    def hung(signum, frame):
+        raise AssertionError(f"a wait with timeout={timeout} did not return (the check is gone)")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, 10.0)
+    try:
+        _timeouts_are_refused(timeout)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _timeouts_are_refused(timeout):
+    with RingProducer.create(RingSpec(1, 16)) as producer, RingConsumer.attach(producer.name) as consumer:
+        start = time.monotonic()
+        with pytest.raises(ValueError, match=r"timeout must be a finite number of seconds >= 0"):
+            consumer.receive(timeout=timeout)
+        producer.send(b"x")
+        with pytest.raises(ValueError, match=r"timeout must be a finite number of seconds >= 0"):
+            producer.send(b"y", timeout=timeout)
+        with pytest.raises(TypeError, match=r"timeout must be a number of seconds"):
+            consumer.receive(timeout="1")
+        with pytest.raises(ValueError, match=r"linger must be a finite number"):
+            producer.close(linger=timeout)
+        assert time.monotonic() - start < 2.0
+        assert consumer.receive(timeout=1.0) == b"x"
+
+
+def test_second_consumer_in_the_same_process_is_refused():
+    with RingProducer.create(RingSpec(2, 16)) as producer:
+        first = RingConsumer.attach(producer.name)
+        try:
+            with pytest.raises(TransportError, match=r"already has a consumer in this process"):
+                RingConsumer.attach(producer.name)
+            producer.send(b"only-once")
+            assert first.receive(timeout=1.0) == b"only-once"
+        finally:
+            first.close()
+        # Once the first consumer is closed, attaching again is allowed (and reads on from there).
+        with RingConsumer.attach(producer.name) as again:
+            producer.send(b"next")
+            assert again.receive(timeout=1.0) == b"next"
 
 
 def test_ring_spec_layout_is_aligned():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from specverify.validation import check_bool, check_choice, check_int
+
 
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
@@ -15,14 +17,13 @@ class SpecConfig:
     cuda_graph: bool = True
 
     def __post_init__(self):
-        if self.algorithm != "eagle":
-            raise ValueError(f"algorithm must be 'eagle', got {self.algorithm!r}")
-        if self.num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
-        if self.topk < 1:
-            raise ValueError(f"topk must be >= 1, got {self.topk}")
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        # Types first (an int is an int: not a bool, not a float), then ranges.
+        check_choice("SpecConfig.algorithm", self.algorithm, ("eagle",))
+        for name, lo in (("num_steps", 1), ("topk", 1), ("num_draft_tokens", None), ("page_size", 1)):
+            value = getattr(self, name)
+            if name != "num_draft_tokens" or value is not None:
+                object.__setattr__(self, name, check_int(f"SpecConfig.{name}", value, lo))
+        object.__setattr__(self, "cuda_graph", check_bool("SpecConfig.cuda_graph", self.cuda_graph))
         d = self.draft_tokens
         most = 1 + self.topk + (self.num_steps - 1) * self.topk ** 2
         if not 2 <= d <= most:

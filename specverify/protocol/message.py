@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,11 @@ WIDTH_SHIFT = 8
 WIDTH_MASK = 0xFFFF      # header bits 8..23, after the shift
 HEADER_BITS = 24         # bits 24..31 must be zero
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# The capacity trailer: four int32 words after the last block, [magic, max_bsz, k, max_draft_tokens].
+# Every offset of the struct follows from the capacity, so a receiver built with another capacity
+# would read garbage wherever the lengths happen to fit; the trailer makes the mismatch an error.
+TRAILER_MAGIC = int.from_bytes(b"SVcp", "little")
+TRAILER_BYTES = 16
 
 
 class MalformedMessage(ValueError):
@@ -84,13 +90,18 @@ class Capacity:
         return 4 * cells + 4 * cells + 4 * self.max_draft_tokens   # tokens, scores, ranks
 
     def message_bytes(self, bsz: int) -> int:
-        """Length on the wire of a message of `bsz` requests."""
+        """Length on the wire of a message of `bsz` requests: meta, bsz blocks, the capacity trailer."""
         bsz = _check_int("bsz", bsz, 0, self.max_bsz, "max_bsz")
-        return self.meta_bytes + bsz * self.block_bytes
+        return self.meta_bytes + bsz * self.block_bytes + TRAILER_BYTES
+
+    @property
+    def trailer(self) -> tuple[int, int, int, int]:
+        """The four int32 words every message of this capacity ends with."""
+        return (TRAILER_MAGIC, self.max_bsz, self.k, self.max_draft_tokens)
 
     @property
     def max_message_bytes(self) -> int:
-        """Size of the full struct: the longest message."""
+        """Size of the longest message: the full struct of max_bsz blocks plus the trailer."""
         return self.message_bytes(self.max_bsz)
 
 
@@ -283,21 +294,40 @@ class MessageWriter:
         self._tokens[req, row, :width] = tok
         self._scores[req, row, :width] = logprobs[req, row]
         self._ranks[req, row] = rnk
-        return memoryview(self._buf)[:cap.message_bytes(bsz)].toreadonly()
+        end = cap.message_bytes(bsz)
+        struct.pack_into("<4i", self._buf, end - TRAILER_BYTES, *cap.trailer)
+        return memoryview(self._buf)[:end].toreadonly()
 
 
 # ------------------------------------------------------------------------------------------
 # receiver
 
 
+def _capacity_mismatch(tail, cap: Capacity) -> str:
+    return (f"capacity mismatch: the sender's trailer says max_bsz={tail[1]}, k={tail[2]}, "
+            f"max_draft_tokens={tail[3]}; this receiver has max_bsz={cap.max_bsz}, k={cap.k}, "
+            f"max_draft_tokens={cap.max_draft_tokens} (both ends must use the same Capacity)")
+
+
 def read_message(buf, *, capacity: Capacity = DEFAULT_CAPACITY) -> Message:
     """Decode one wire message. Everything indexed is validated first: a bad message raises
     MalformedMessage (a ValueError) naming the field and its bound, never an IndexError."""
     cap = capacity
+    if not isinstance(cap, Capacity):
+        raise TypeError(f"capacity must be a Capacity, got {type(cap).__name__}")
     try:
-        size = memoryview(buf).nbytes
-    except TypeError:
+        view = memoryview(buf)
+    except (TypeError, ValueError):
         raise TypeError(f"buf must be bytes-like, got {type(buf).__name__}") from None
+    if not view.c_contiguous:
+        buf = view.tobytes()          # a strided view: its bytes in logical order
+        view = memoryview(buf)
+    size = view.nbytes
+    if size >= TRAILER_BYTES:
+        # A trailer of another capacity at the end: say so before anything is read with ours.
+        tail = struct.unpack_from("<4i", view.cast("B"), size - TRAILER_BYTES)
+        if tail[0] == TRAILER_MAGIC and tail != cap.trailer:
+            raise MalformedMessage(_capacity_mismatch(tail, cap))
     if size < cap.meta_bytes:
         raise MalformedMessage(f"message is {size} bytes, shorter than its meta: int32[3 + max_bsz] = "
                                f"{cap.meta_bytes} bytes (max_bsz {cap.max_bsz})")
@@ -322,7 +352,17 @@ def read_message(buf, *, capacity: Capacity = DEFAULT_CAPACITY) -> Message:
     need = cap.message_bytes(bsz)
     if size < need:
         raise MalformedMessage(f"message truncated: bsz {bsz} needs {need} bytes (meta {cap.meta_bytes} + "
-                               f"{bsz} blocks of {cap.block_bytes}), got {size}")
+                               f"{bsz} blocks of {cap.block_bytes} + trailer {TRAILER_BYTES}), got {size}")
+    if size > need:
+        raise MalformedMessage(f"message is {size} bytes, longer than a message of bsz {bsz}: exactly {need} "
+                               f"bytes (meta {cap.meta_bytes} + {bsz} blocks of {cap.block_bytes} + trailer "
+                               f"{TRAILER_BYTES}); trailing bytes are not accepted")
+    # The length is exact, so the trailer is the buffer's last 16 bytes: a foreign capacity there
+    # was refused above; what is left to check is that there is one at all.
+    magic = struct.unpack_from("<i", view.cast("B"), need - TRAILER_BYTES)[0]
+    if magic != TRAILER_MAGIC:
+        raise MalformedMessage(f"message has no capacity trailer: the last {TRAILER_BYTES} bytes start with "
+                               f"{magic:#010x}, expected {TRAILER_MAGIC:#010x} (a sender that predates the trailer)")
 
     req, row, n = _rows_in_use(counts)
     if req.size:

@@ -70,6 +70,8 @@ file quickly.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import struct
 import sys
@@ -111,6 +113,7 @@ OPEN, CLOSED, ABORTED = 0, 1, 2
 FAULTS = ("skip_sequence", "repeat_sequence", "tear", "corrupt", "die_mid_write", "overrun")
 DIE_EXIT_CODE = 71          # exit status of a producer killed by the "die_mid_write" fault
 
+_ATTACHED: set[str] = set()  # names of the rings a consumer of this process is attached to
 _LIVENESS_PERIOD_S = 0.01   # how often a waiting side checks that its peer still exists
 
 
@@ -142,6 +145,22 @@ class TransportTimeout(TransportError, TimeoutError):
     """A wait for a message or for a free slot ran out of time."""
 
 
+def _is_int(x) -> bool:
+    """Python ints and numpy integers; never a bool (an int is an int, not a bool or a float)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and type(x).__name__ != "bool_"
+
+
+def _check_seconds(name: str, value) -> float:
+    """A wait limit: a finite real number >= 0 (TypeError for a non-number, ValueError for NaN,
+    an infinity or a negative value: a NaN deadline never passes, so the wait would hang)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds (int or float), got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return value
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -156,8 +175,11 @@ class RingSpec:
     def __post_init__(self):
         for field in ("slots", "max_message_bytes"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"RingSpec.{field} must be a positive int, got {value!r}")
+            if not _is_int(value):
+                raise TypeError(f"RingSpec.{field} must be a positive int, got {type(value).__name__} {value!r}")
+            if value < 1:
+                raise ValueError(f"RingSpec.{field} must be a positive int (>= 1), got {value!r}")
+            object.__setattr__(self, field, int(value))
 
     @property
     def end_offset(self) -> int:
@@ -304,9 +326,13 @@ class RingProducer(_Ring):
                                the calling process dies; use it only in a child process
             "overrun"          do not wait for a free slot (overwrites unread data)
         """
+        timeout = _check_seconds("timeout", timeout)
         if self._finished:
             raise TransportError(f"ring {self.name!r} is closed; cannot send")
-        data = memoryview(payload).cast("B")
+        try:
+            data = memoryview(payload).cast("B")
+        except TypeError:
+            raise TypeError(f"payload must be bytes-like, got {type(payload).__name__}") from None
         n = data.nbytes
         if n > self.spec.max_message_bytes:
             raise ValueError(f"payload of {n} bytes exceeds max_message_bytes="
@@ -357,6 +383,7 @@ class RingProducer(_Ring):
         self._finish(ABORTED, linger)
 
     def _finish(self, state: int, linger: float) -> None:
+        linger = _check_seconds("linger", linger)
         if self._finished:
             return
         self._finished = True
@@ -386,6 +413,17 @@ class RingConsumer(_Ring):
 
         `producer_pid` overrides the pid the producer recorded; its liveness is what turns a
         wait for a message that will never come into `ProducerDied`."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str (the producer's .name), got {type(name).__name__} {name!r}")
+        if not name.strip("/"):
+            raise ValueError(f"name must be a non-empty ring name (the producer's .name), got {name!r}")
+        if producer_pid is not None and not _is_int(producer_pid):
+            raise TypeError(f"producer_pid must be None or an int, got {type(producer_pid).__name__} {producer_pid!r}")
+        if producer_pid is not None and producer_pid < 1:
+            raise ValueError(f"producer_pid must be a process id >= 1, got {producer_pid}")
+        if name.lstrip("/") in _ATTACHED:
+            raise TransportError(f"ring {name!r} already has a consumer in this process (pid {os.getpid()}); "
+                                 f"one ring has one consumer: close it before attaching again")
         shm = _open_shm(name, create=False)
         try:
             spec = _read_spec(shm)
@@ -404,6 +442,8 @@ class RingConsumer(_Ring):
             self._detach()
             raise TransportError(f"ring {self.name!r} already has a consumer, pid {current}")
         words[_CONSUMER] = os.getpid()
+        _ATTACHED.add(self._key)
+        self._registered = True
         self._position = words[_READ_SEQ]     # slots consumed == read_seq
         self._after_copy = None               # test-only hook, called between copy and re-check
 
@@ -411,6 +451,9 @@ class RingConsumer(_Ring):
         """The next message's exact bytes, or None once the producer has closed and all is read.
 
         Waits up to `timeout` seconds, checking every 10 ms that the producer still exists."""
+        timeout = _check_seconds("timeout", timeout)
+        if self._words is None:
+            raise TransportError(f"this consumer of ring {self.name!r} is closed; cannot receive")
         words = self._words
         deadline, backoff = time.monotonic() + timeout, _Backoff()
         next_check, producer_gone = 0.0, False
@@ -487,6 +530,16 @@ class RingConsumer(_Ring):
         return (f"producer pid {self.producer_pid} of ring {self.name!r} exited without closing "
                 f"it while the consumer waited for message seq {expected} ({self._position} "
                 f"delivered); {detail}")
+
+    @property
+    def _key(self) -> str:
+        return self._shm.name.lstrip("/")
+
+    def _detach(self) -> None:
+        if getattr(self, "_registered", False):
+            self._registered = False
+            _ATTACHED.discard(self._key)
+        super()._detach()
 
     def close(self) -> None:
         """Release the mapping. The consumer never unlinks the segment."""
