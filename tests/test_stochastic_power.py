@@ -37,6 +37,7 @@ import torch
 import reference
 from reference import fp8 as ref_fp8
 from specverify import dtypes
+from specverify.platform import get_profile
 from specverify.engine.sampling import SamplingParams, sampling_probs
 from specverify.kernels import DraftTree, verify_stochastic
 from specverify.kernels import verify as verify_module
@@ -329,9 +330,15 @@ def test_triton_walk_equals_torch_and_reference_on_the_grid():
     boundaries = [0.0] + np.cumsum([probs[0][c.tokens[j]] for j in (1, 2, 3)]).tolist()
     coins[:len(boundaries), 0] = torch.tensor([min(x, 1 - 1 / GRID) for x in boundaries], dtype=torch.float64)
     final = torch.rand((n,), generator=gen, dtype=torch.float64)
+    # The native profile's device: CUDA on a GPU machine, else the CPU with Triton interpreted.
+    dev = get_profile().device
     tree = tree_of(c.tokens, n)
-    p = torch.from_numpy(probs)[None].repeat(n, 1, 1)
-    got = {impl: verify_stochastic(tree, p, coins, final, num_steps=NUM_STEPS, impl=impl) for impl in ("torch", "triton")}
+    tree = dataclasses.replace(tree, **{f.name: getattr(tree, f.name).to(dev) for f in dataclasses.fields(tree)})
+    p = torch.from_numpy(probs)[None].repeat(n, 1, 1).to(dev)
+    coins, final = coins.to(dev), final.to(dev)
+    got = {impl: [x.cpu() for x in verify_stochastic(tree, p, coins, final, num_steps=NUM_STEPS, impl=impl)]
+           for impl in ("torch", "triton")}
+    coins, final = coins.cpu(), final.cpu()
     for b in range(n):
         want = reference.stochastic_verify(c.tokens, PARENTS, probs, coins[b].tolist(), float(final[b]),
                                            num_steps=NUM_STEPS)
