@@ -180,7 +180,7 @@ def test_quantize_every_code_value(fmt):
     others = np.concatenate([ref.decode(all_codes(), f) for f in FP8])
     assert_same_codes(others, fmt, 1.0, "codes of every format")
     back = ref.quantize(own, fmt, 1.0)
-    keep = np.isfinite(own) & ~((own == 0) & np.signbit(own) & ~ref.has_negative_zero(fmt))
+    keep = np.isfinite(own) & ~((own == 0) & np.signbit(own) & (not ref.has_negative_zero(fmt)))
     assert np.array_equal(back[keep], all_codes()[keep]), f"{fmt}: finite codes must round-trip"
 
 
