@@ -16,7 +16,7 @@ import specverify
 from specverify import dtypes
 from specverify.engine.speculative import SpecConfig
 from specverify.models import preset_config
-from tests.support.allpairs import all_pairs, uncovered_pairs
+from tests.support.allpairs import all_pairs, case_id, draft_tokens, uncovered_pairs
 from tests.support.asserts import assert_tokens_equal
 from tests.support.cases import cached_models, ragged_budgets, ragged_prompts, steered_cached_models
 
@@ -32,17 +32,6 @@ FACTORS = {
     "logits_dtype": list(dtypes.LOGITS_DTYPES),
     "agreement": list(AGREEMENT),
 }
-
-
-def draft_tokens(topk: int, steps: int, draft: str) -> int:
-    most = 1 + topk + (steps - 1) * topk * topk
-    if topk == 1 or draft == "chain":
-        return min(steps + 1, most)
-    return 2 if draft == "two" else min(most, 8)
-
-
-def case_id(c: dict) -> str:
-    return "-".join(f"{k}={v}" for k, v in c.items())
 
 
 # Every SpecConfig of the matrix: the steering pre-run covers the largest draft region, so the

@@ -32,7 +32,7 @@ import torch
 import reference
 import specverify
 from specverify import SpecConfig
-from tests.support.allpairs import all_pairs, uncovered_pairs
+from tests.support.allpairs import all_pairs, case_id, draft_tokens, uncovered_pairs
 from tests.support.asserts import rerun_hint
 from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
 from tests.support.steering import SteeredDraft, steer_logits, steered_models
@@ -65,17 +65,6 @@ FACTORS = {
 
 class TraceNearTieWarning(UserWarning):
     """A request's trace comparison stopped early at a decision the reference flags as a near-tie."""
-
-
-def draft_tokens(topk: int, steps: int, draft: str) -> int:
-    most = 1 + topk + (steps - 1) * topk * topk
-    if topk == 1 or draft == "chain":
-        return min(steps + 1, most)
-    return 2 if draft == "two" else min(most, 8)
-
-
-def case_id(c: dict) -> str:
-    return "-".join(f"{k}={v}" for k, v in c.items())
 
 
 PAIRWISE = all_pairs(FACTORS)

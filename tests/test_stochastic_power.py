@@ -222,20 +222,20 @@ def test_own_law_equals_the_reference_law(name):
     assert sum(p for emitted, p in law_of(c).items() if emitted[:3] == full_path) > 0.01
 
 
-def test_faulty_walk_differs_from_the_real_walk_in_the_fault_only():
-    """The injected `<=` walk is the real torch walk but for the comparison: with the fault off
-    they agree exactly on random trees and coins; on the grid the fault changes decisions."""
+def test_injected_walk_is_the_zoo_patch_and_changes_decisions_on_the_grid():
+    """The injected `<=` walk is the real torch walk with the zoo's patch planted: it keeps the
+    real results on continuous coins (u == acc has probability ~0 there) and changes decisions on
+    the grid, where the boundary event is real."""
     gen = torch.Generator().manual_seed(5)
     c = case("top_k-e4m3fn-static0.37")
     tree = tree_of(c.tokens, 4000)
     probs = torch.from_numpy(grid_probs(c.probs))[None].expand(4000, -1, -1)
-    for coins in (torch.rand((4000, len(PARENTS)), generator=gen, dtype=torch.float64),
-                  torch.randint(0, GRID, (4000, len(PARENTS)), generator=gen).double() / GRID):
-        real = verify_module._stochastic_walk_torch(tree, probs, coins, NUM_STEPS)
-        same = faults.stochastic_walk(tree, probs, coins, NUM_STEPS, accept_on_equal=False)
-        assert all(torch.equal(a, b) for a, b in zip(real, same))
-    bad = faults.walk_accepting_on_equal(tree, probs, coins, NUM_STEPS)
-    assert not torch.equal(real[1], bad[1])
+    smooth = torch.rand((4000, len(PARENTS)), generator=gen, dtype=torch.float64)
+    grid = torch.randint(0, GRID, (4000, len(PARENTS)), generator=gen).double() / GRID
+    real = verify_module._stochastic_walk_torch(tree, probs, smooth, NUM_STEPS)
+    assert all(torch.equal(a, b) for a, b in zip(real, faults.walk_accepting_on_equal(tree, probs, smooth, NUM_STEPS)))
+    real = verify_module._stochastic_walk_torch(tree, probs, grid, NUM_STEPS)
+    assert not torch.equal(real[1], faults.walk_accepting_on_equal(tree, probs, grid, NUM_STEPS)[1])
 
 
 # ------------------------------------------------------------------------------------------------

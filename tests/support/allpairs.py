@@ -39,3 +39,17 @@ def uncovered_pairs(factors: dict[str, list], cases: list[dict]) -> list[tuple]:
         seen = {(c[a], c[b]) for c in cases}
         missing += [(a, x, b, y) for x in factors[a] for y in factors[b] if (x, y) not in seen]
     return missing
+
+
+def case_id(case: dict) -> str:
+    """A test id for one case of a design: factor=value pairs joined by '-'."""
+    return "-".join(f"{k}={v}" for k, v in case.items())
+
+
+def draft_tokens(topk: int, steps: int, draft: str) -> int:
+    """D for the `draft` factor of the speculative matrices: "chain" = S + 1 (always for topk 1),
+    "two" = 2, "wide" = as many as the tree allows, capped at 8."""
+    most = 1 + topk + (steps - 1) * topk * topk
+    if topk == 1 or draft == "chain":
+        return min(steps + 1, most)
+    return 2 if draft == "two" else min(most, 8)

@@ -3,9 +3,8 @@ without each fault (tests/test_stochastic_power.py).
 
 Nothing here is planted into `specverify/`: a test monkeypatches one torch-fallback function of
 `specverify.kernels.verify` with a variant below, or feeds the real op faulty inputs. Each variant
-differs from the real function in the fault only: `stochastic_walk(..., accept_on_equal=False)` is
-held equal to `_stochastic_walk_torch` by a test, and `bonus_without_residual` reuses the real
-`_inverse_cdf`.
+is the real function rebuilt with the zoo's own patch for that bug (tests/mutants/verify.toml), so
+the injected fault and the planted mutant are one and the same.
 
 `emitted_law` is this file's own enumeration of what one stochastic verify of one tree emits
 (accepted draft tokens + bonus), written from docs/semantics.md 6.4 with the faults as switches;
@@ -15,54 +14,56 @@ a test holds its fault-free law equal to `reference.emitted_path_probability`.
 from __future__ import annotations
 
 import collections
-
-import torch
+import functools
+import inspect
+from pathlib import Path
 
 from specverify.kernels import verify as V
+from specverify.mutants import apply, load_zoo
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------------------
-# faulty variants of the torch fallback
+# faulty variants of the torch fallback: the zoo's own patches, planted into one function
 
 
-def stochastic_walk(tree, probs: torch.Tensor, coins: torch.Tensor, num_steps: int, *, accept_on_equal: bool):
-    """The stochastic walk of verify.py (one pass over the nodes in ascending order), with the
-    acceptance comparison `u <= acc` instead of `u < acc` when `accept_on_equal`."""
-    bs, d = tree.tokens.shape
-    device = tree.device
-    w = torch.arange(num_steps + 1, device=device)
-    rows = torch.arange(bs, device=device)
-    parents = tree.parents
-    tokens = tree.tokens.clamp(0, probs.shape[2] - 1)
-    q = probs[rows[:, None], parents.clamp(min=0), tokens]
-    cur = torch.zeros(bs, dtype=torch.int64, device=device)
-    n = torch.zeros(bs, dtype=torch.int64, device=device)
-    u = coins[:, 0]
-    acc = torch.zeros(bs, dtype=torch.float64, device=device)
-    accept = torch.where(w == 0, 0, -1).expand(bs, num_steps + 1)
-    for m in range(1, d):
-        visit = (parents[:, m] == cur) & (n < num_steps)
-        acc = torch.where(visit, acc + q[:, m], acc)
-        take = visit & ((u <= acc) if accept_on_equal else (u < acc))
-        n = n + take
-        accept = torch.where(take[:, None] & (w == n[:, None]), m, accept)
-        cur = torch.where(take, m, cur)
-        u = torch.where(take, coins[:, m], u)
-        acc = torch.where(take, 0.0, acc)
-    return accept.contiguous(), n
+def zoo_variant(func, mutant_name: str):
+    """`func` rebuilt from its source with the zoo mutant `mutant_name` planted (the same patch
+    `python -m specverify mutants` plants into a copy of the tree), in its module's namespace. A
+    target not found exactly once in the function refuses, as the harness does."""
+    mutant = next((m for m in load_zoo(ROOT / "tests" / "mutants", ROOT) if m.name == mutant_name), None)
+    if mutant is None:
+        raise KeyError(f"the zoo has no mutant {mutant_name!r}")
+    source = apply(mutant, inspect.getsource(func))
+    namespace = dict(vars(inspect.getmodule(func)))
+    exec(compile(source, f"<{mutant_name}: {func.__qualname__}>", "exec"), namespace)
+    return namespace[func.__name__]
 
 
 def walk_accepting_on_equal(tree, probs, coins, num_steps):
-    """Injected fault (c): `<=` for `<` in the acceptance comparison."""
-    return stochastic_walk(tree, probs, coins, num_steps, accept_on_equal=True)
+    """Injected fault (c): `<=` for `<` in the acceptance comparison (zoo: stochastic-le-torch)."""
+    return _walk_le()(tree, probs, coins, num_steps)
 
 
 def bonus_without_residual(tree, probs, accept, n, final, num_steps):
-    """Injected fault (b): the bonus drawn from the last accepted node's full distribution, the
-    rejected siblings' tokens NOT removed from it."""
-    rows = torch.arange(probs.shape[0], device=probs.device)
-    cur = accept.gather(1, n[:, None])[:, 0]
-    return V._inverse_cdf(probs[rows, cur].clone(), final)
+    """Injected fault (b): the rejected siblings' tokens are NOT removed from the residual the
+    bonus is drawn from (zoo: bonus-without-residual-removal)."""
+    return _bonus_unremoved()(tree, probs, accept, n, final, num_steps)
+
+
+# The real functions, taken at import: a test monkeypatches the module attributes afterwards.
+_REAL_WALK, _REAL_BONUS = V._stochastic_walk_torch, V._residual_bonus
+
+
+@functools.lru_cache(maxsize=None)
+def _walk_le():
+    return zoo_variant(_REAL_WALK, "stochastic-le-torch")
+
+
+@functools.lru_cache(maxsize=None)
+def _bonus_unremoved():
+    return zoo_variant(_REAL_BONUS, "bonus-without-residual-removal")
 
 
 # ------------------------------------------------------------------------------------------------
