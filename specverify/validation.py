@@ -9,7 +9,8 @@ as `MalformedMessage` or a `TransportError`). Both name the argument and the bou
 - a real number is an `int` or a `float` (numpy floats included), never a `bool` or a string;
   NaN and infinities are values, refused by the bound unless the argument allows them.
 
-Standard library only (the transport imports this file in freshly spawned processes).
+Standard library only. The ring transport keeps its own two-line checks of the same rule, because
+spawned peers load `transport.py` alone, without the package.
 """
 
 from __future__ import annotations
@@ -67,11 +68,6 @@ def check_choice(name: str, value, allowed) -> str:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
     return value
-
-
-def check_timeout(name: str, value) -> float:
-    """A wait limit in seconds: a finite number >= 0 (a NaN deadline would never pass)."""
-    return check_real(name, value, 0.0, why="seconds; a NaN or infinite deadline never passes")
 
 
 def _range(lo, hi) -> str:

@@ -190,6 +190,19 @@ def test_steered_drafts_reach_deep_paths():
     assert stats["deepest"] == 3, stats
 
 
+@pytest.mark.parametrize("head", ["right", "partial"])
+def test_per_row_scales_in_a_ragged_batch(head):
+    """A pinned cell the all-pairs design need not meet: per-row FP8 scales (rows differ), a ragged
+    batch (the last live column is not the padded one), a wide tree over S = 3 steps (p0 decides
+    which candidates make the D-1 best). A draft that takes the scale of the wrong column gives
+    other trees while the output stays lossless, so only the trace shows it."""
+    c = dict(topk=2, steps=3, draft="wide", page_size=1, bs=3, logits_dtype="float8_e4m3fn", scale="per_row",
+             sampling="greedy", head=head, eos=False)
+    stats = compare(c, None)
+    assert not stats["skipped"], stats["skipped"]
+    assert stats["cycles_compared"] > 0, stats
+
+
 def test_trace_is_opt_in_and_needs_spec():
     models = cached_models(compute_dtype="float64")
     out = specverify.generate(models, [[1, 2, 3]], spec=SpecConfig(num_steps=2, topk=1), max_new_tokens=4)

@@ -273,6 +273,31 @@ def test_second_consumer_in_the_same_process_is_refused():
             assert again.receive(timeout=1.0) == b"next"
 
 
+def test_a_live_consumer_elsewhere_blocks_attach_and_a_dead_one_frees_the_ring():
+    """One ring, one consumer: while a consumer in another process is alive, attaching fails naming
+    its pid; once it died (killed while attached), a new consumer attaches and reads on from the
+    first message the dead one did not consume."""
+    ctx = multiprocessing.get_context("spawn")
+    with RingProducer.create(RingSpec(4, 16)) as producer:
+        producer.send(b"first")
+        producer.send(b"second")
+        receiver, sender = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=transport_peers.consume_one_then_wait, args=(sender, producer.name), daemon=True)
+        proc.start()
+        sender.close()
+        try:
+            assert receiver.poll(STARTUP_S), f"consumer child received nothing in {STARTUP_S} s"
+            assert receiver.recv() == b"first"
+            with pytest.raises(TransportError, match=rf"already has a consumer, pid {proc.pid}"):
+                RingConsumer.attach(producer.name)
+        finally:
+            receiver.close()
+            proc.kill()
+            proc.join(5.0)
+        with RingConsumer.attach(producer.name) as again:
+            assert again.receive(timeout=1.0) == b"second"
+
+
 def test_ring_spec_layout_is_aligned():
     spec = RingSpec(3, 530_001)
     assert spec.slot_bytes % 64 == 0

@@ -80,3 +80,14 @@ def consume_and_process(conn, name: str, capacity_fields: tuple, num_requests: i
         proc.process(read_message(payload, capacity=cap))
     conn.send([(r.tokens, [(x.token, x.logprob, x.rank, x.top) for x in r.logprobs]) for r in proc.results])
     conn.close()
+
+
+def consume_one_then_wait(conn, name: str) -> None:
+    """Attach to ring `name`, receive one message, send it back through `conn`, then wait to be
+    killed (a consumer that dies holding its attachment)."""
+    t = transport()
+    ring = t.RingConsumer.attach(name)
+    conn.send(ring.receive(timeout=10.0))
+    conn.close()
+    while True:
+        time.sleep(1.0)
