@@ -112,7 +112,14 @@ def select_draft_topk(logits: torch.Tensor, topk: int, *, platform: PlatformProf
         raise ValueError(f"topk must be in [1, {vocab}] (the vocab size), got {topk}")
     if scale is not None:
         _check_scale(scale, logits)
-    profile = resolve(platform)
+    return draft_topk(logits, topk, resolve(platform), scale)
+
+
+def draft_topk(logits: torch.Tensor, topk: int, profile: PlatformProfile,
+               scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`select_draft_topk` without the argument checks, for the engine's hot path: its logits and
+    scales come from the model's own delivery (valid by construction), and the scale value check
+    would read the device on every draft step. Same contract, same code."""
     if topk == 1 and profile.argmax_fast_path:
         # A vocab-split Triton argmax on CUDA (FP8 upcast in the kernel, no float32 copy);
         # torch.argmax elsewhere. Both return the first maximal index of the upcast, NaN first.

@@ -24,7 +24,7 @@ from specverify.engine.sampling import SamplingParams, sampling_probs
 from specverify.kernels.tree import DraftTree, build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models, chain_mask
-from specverify.ops import select_draft_topk
+from specverify.ops import draft_topk
 from specverify.platform import PlatformProfile, resolve
 from specverify.kernels.cuda_graph import BucketGraphRunner
 from specverify.spec.eagle import expand_search, finish_search, start_search
@@ -58,6 +58,7 @@ class SpecDecoder:
         shapes). None = on CUDA devices only; True also on the CPU (to test the padded path)."""
         self.models, self.config, self.params = models, config, params
         self.eos, self.channel, self.platform = eos_token_id, channel, platform
+        self.profile = resolve(platform)
         self.k, self.S, self.D = config.topk, config.num_steps, config.draft_tokens
         self.region = max(self.D, (self.S - 1) * self.k)   # cache entries past the prefix a cycle uses
         self.max_ctx = models.config.max_context
@@ -160,7 +161,7 @@ class SpecDecoder:
                "q_lens": torch.ones((), **i64), "rows": torch.full((), self.pad_row, **i64),
                "req_ids": torch.zeros((), **i64),
                "feats": torch.zeros(self.S + 1, h, dtype=self.models.target.dtype, device=self.dev)}
-        graphs = self.config.cuda_graph and resolve(self.platform).cuda_graphs and self.dev.type == "cuda"
+        graphs = self.config.cuda_graph and self.profile.cuda_graphs and self.dev.type == "cuda"
         return BucketGraphRunner(self._draft_fn, pad, use_graphs=graphs)
 
     def _draft_fn(self, inp: dict) -> dict:
@@ -177,7 +178,7 @@ class SpecDecoder:
         batch = Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, self._max_kv, req_ids=req_ids)
         out = head.forward(self.cache, batch, inp["feats"])
         last = (q_lens - 1).clamp(min=0)
-        p0, idx0 = select_draft_topk(out.logits[ar, last], k, platform=self.platform, scale=out.scale[ar, last])
+        p0, idx0 = draft_topk(out.logits[ar, last], k, self.profile, out.scale[ar, last])
         prefix = kv_lens + q_lens                                           # draft prefix = root position
         roots = tokens[ar, last]
         search = start_search(p0, idx0, self.S)
@@ -189,8 +190,7 @@ class SpecDecoder:
                            search.ancestors[:, :, :region + k], torch.full_like(pos, -1), self._max_kv, region,
                            req_ids=req_ids)
             dout = head.forward(self.cache, dbatch, hidden)
-            p, idx = select_draft_topk(dout.logits.reshape(bs * k, -1), k, platform=self.platform,
-                                       scale=dout.scale.reshape(bs * k, 1))
+            p, idx = draft_topk(dout.logits.reshape(bs * k, -1), k, self.profile, dout.scale.reshape(bs * k, 1))
             parent = expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k))
             hidden = dout.hidden.gather(1, parent[:, :, None].expand(-1, -1, dout.hidden.shape[-1]))
         kept_flat, kept_tokens, beam_flat = finish_search(search, self.D)
