@@ -17,7 +17,7 @@ import sys
 import time
 
 import reference
-from specverify import dtypes, mutants
+from specverify import dtypes, golden, matrix, mutants
 from specverify.engine import SpecConfig, generate
 from specverify.models import build_models
 from specverify.platform import get_profile
@@ -99,6 +99,15 @@ def main(argv=None) -> int:
     p = sub.add_parser("mutants", help="plant each mutant of the bug zoo in a copy of the tree; show the suite kills it")
     mutants.add_arguments(p)
     p.set_defaults(func=mutants.command)
+    # golden: regenerate / check the golden files (specverify/golden/)
+    p = sub.add_parser("golden", help="regenerate or check the golden files of golden/")
+    golden.add_arguments(p)
+    p.set_defaults(func=golden.command)
+    # matrix: the suite once per platform profile, one feature x dtype x platform table (specverify/matrix/)
+    p = sub.add_parser("matrix", help="run the suite per platform profile and report feature x dtype x platform; "
+                                      "`matrix merge` joins reports")
+    matrix.add_arguments(p)
+    p.set_defaults(func=matrix.command)
     args = parser.parse_args(argv)
     if args.command == "demo":
         # Validate the profile up front: a bad --platform or SPECVERIFY_PLATFORM is one line, no traceback.

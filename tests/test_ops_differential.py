@@ -3,46 +3,52 @@
 Test ids are `op-profile-dtype`; a failure names the sample, its seed and a command that re-runs
 just that sample (`--sv-sample NAME`). With `SPECVERIFY_IMPL=module:object` the ops of that object
 are held against the reference instead of specverify's (tests/support/registry.py describes the
-interface); an op it lacks is skipped with a reason naming the missing attribute."""
+interface); an op it lacks is skipped with a reason naming the missing attribute.
+
+Platform-dependent ops run on every available profile, or, when `SPECVERIFY_PLATFORM` names one
+(a `specverify matrix` run per profile), on that profile only; the others run once, natively.
+Expected failures and skips are data (tests/expectations/, applied by the conftest)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from specverify import dtypes
-from specverify.platform import available_profiles
+from specverify.platform import ENV_VAR, available_profiles, get_profile
 from tests.support.registry import (
     IMPL_ENV, REGISTRY, SAMPLE_OPTION, compare_outputs, load_impl, missing_op, replay_command, run_impl,
     select_samples,
 )
 
 PROFILES = available_profiles()
+# The profile SPECVERIFY_PLATFORM selects (None when unset): platform-dependent ops run there only.
+# (A bad value never gets here: the conftest refuses it at configure time.)
+SELECTED = get_profile().name if os.environ.get(ENV_VAR) else None
 PLUGIN = load_impl()
 
 
-def _cases(test: str):
+def _cases():
     for op in REGISTRY.values():
         for pname, profile in PROFILES.items():
             # Ops that do not read the profile (and a plugged-in implementation) run once, natively.
             if (PLUGIN is not None or not op.platform_dependent) and not profile.native:
                 continue
+            if op.platform_dependent and PLUGIN is None and SELECTED is not None and pname != SELECTED:
+                continue
             for dtype in op.dtypes_for(profile.policy):
                 marks = [pytest.mark.fp8] if dtypes.dtype_info(dtype).is_fp8 else []
                 if profile.native and profile.policy in ("cuda", "rocm"):
                     marks.append(getattr(pytest.mark, profile.policy))
-                e = op.expectation(test, profile.policy, dtype)
-                if e is not None and e.kind == "xfail":
-                    marks.append(pytest.mark.xfail(reason=e.reason, raises=e.raises, strict=True))
-                if e is not None and e.kind == "skip":
-                    marks.append(pytest.mark.skip(reason=e.reason))
                 why = missing_op(PLUGIN, op)
                 if why:
                     marks.append(pytest.mark.skip(reason=why))
                 yield pytest.param(op, profile, dtype, id=f"{op.name}-{pname}-{dtype}", marks=marks)
 
 
-@pytest.mark.parametrize("op,profile,dtype", list(_cases("test_differential")))
+@pytest.mark.parametrize("op,profile,dtype", list(_cases()))
 def test_differential(op, profile, dtype, seed, request):
     """Named edge cases and seeded random samples: implementation under test == reference."""
     only = request.config.getoption(SAMPLE_OPTION)
@@ -62,7 +68,7 @@ def test_differential(op, profile, dtype, seed, request):
         print(f"ran 1 sample: {samples[0][1].summary()}")
 
 
-@pytest.mark.parametrize("op,profile,dtype", list(_cases("test_property")))
+@pytest.mark.parametrize("op,profile,dtype", list(_cases()))
 def test_property(op, profile, dtype):
     """Hypothesis inputs: implementation under test == reference. Derandomized (the examples
     depend only on the code), op.max_examples each, unless the `thorough` profile asks for more."""

@@ -75,10 +75,6 @@ BAD_RECORDS = {
     "unknown-tolerance": dict(tolerance_dtype="int8"),
     "impl-not-callable": dict(impl=None),
     "max-examples-0": dict(max_examples=0),
-    "xfail-without-exception": dict(expectations=(R.Expectation("xfail", "test_differential", "why"),)),
-    "expectation-unknown-test": dict(expectations=(R.Expectation("skip", "test_elsewhere", "why"),)),
-    "expectation-unknown-kind": dict(expectations=(R.Expectation("maybe", "test_differential", "why"),)),
-    "expectation-no-reason": dict(expectations=(R.Expectation("skip", "test_differential", ""),)),
     "edge-exempt-unknown-kind": dict(edge_exempt=(("weird", "because"),)),
     "edge-exempt-no-reason": dict(edge_exempt=(("nan", ""),)),
 }

@@ -3,9 +3,9 @@
 An `OpSpec` names the op, its two callables (the optimized one takes a `SampleInput` and the
 platform profile, the reference one the `SampleInput`; both return a dict of named outputs), its
 input generators (named edge cases and seeded random samples, a hypothesis recipe), its error
-inputs, the dtypes it supports per platform policy, how each output compares, and scoped
-expectations (xfail / skip with a reason, keyed by test, platform and dtype). Differential and
-property tests are generated from these records (tests/test_ops_differential.py).
+inputs, the dtypes it supports per platform policy, and how each output compares. Differential and
+property tests are generated from these records (tests/test_ops_differential.py). Expected failures
+and skips are not part of a record: they are data, per platform profile, in tests/expectations/.
 
 The conformance interface: `SPECVERIFY_IMPL=module:object` plugs a third implementation into the
 same records. For every op, `object.<op name>(**sample.args)` is called with the sample's
@@ -93,17 +93,6 @@ class ErrorInput:
 
 
 @dataclasses.dataclass(frozen=True)
-class Expectation:
-    """A scoped exception to the generic tests: `kind` is "xfail" or "skip"."""
-    kind: str
-    test: str                   # generic test name, e.g. "test_differential"
-    reason: str
-    platform: str | None = None  # policy name ("cpu", "cuda", "rocm"), None = every platform
-    dtype: str | None = None
-    raises: type | None = None  # xfail only: the narrow exception it expects
-
-
-@dataclasses.dataclass(frozen=True)
 class OpSpec:
     name: str
     impl: Callable[[SampleInput, Any], dict]         # (sample, platform profile) -> outputs
@@ -114,7 +103,6 @@ class OpSpec:
     dtypes: dict[str, tuple[str, ...]]               # platform policy -> dtype names
     compare: dict[str, str]                          # output name -> EXACT | CLOSE
     tolerance_dtype: str = "float32"
-    expectations: tuple[Expectation, ...] = ()
     platform_dependent: bool = True                  # False: run on the native profile only
     max_examples: int = 15                           # hypothesis examples per case (ci / dev)
     edge_exempt: tuple[tuple[str, str], ...] = ()    # (edge kind of EDGE_KINDS, reason it cannot apply)
@@ -125,15 +113,8 @@ class OpSpec:
     def dtypes_for(self, policy: str) -> tuple[str, ...]:
         return self.dtypes.get(policy, ())
 
-    def expectation(self, test: str, policy: str, dtype: str) -> Expectation | None:
-        for e in self.expectations:
-            if e.test == test and e.platform in (None, policy) and e.dtype in (None, dtype):
-                return e
-        return None
-
 
 POLICIES = ("cpu", "cuda", "rocm")
-GENERIC_TESTS = ("test_differential", "test_property", "test_error_inputs")
 
 
 def validate_record(op: OpSpec) -> None:
@@ -164,15 +145,6 @@ def validate_record(op: OpSpec) -> None:
         if kind not in EDGE_KINDS or not reason:
             raise ValueError(f"op {op.name}: edge_exempt entry ({kind!r}, {reason!r}) needs a kind of "
                              f"{EDGE_KINDS} and a reason")
-    for e in op.expectations:
-        if e.kind not in ("xfail", "skip"):
-            raise ValueError(f"op {op.name}: expectation kind {e.kind!r}")
-        if e.test not in GENERIC_TESTS:
-            raise ValueError(f"op {op.name}: expectation for unknown test {e.test!r}; expected one of {GENERIC_TESTS}")
-        if not e.reason:
-            raise ValueError(f"op {op.name}: an expectation needs a reason")
-        if e.kind == "xfail" and e.raises is None:
-            raise ValueError(f"op {op.name}: an xfail must name the exception it expects")
 
 
 def on_device(value, device):
