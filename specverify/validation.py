@@ -15,6 +15,7 @@ spawned peers load `transport.py` alone, without the package.
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 
@@ -89,3 +90,21 @@ def _interval(lo, hi, lo_open, hi_open) -> str:
     if lo is None:
         return f" {'<' if hi_open else '<='} {hi}"
     return f" in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+
+def import_named(spec: str, *, label: str, example: str):
+    """The object a `module:attr` string names (`attr` may be dotted). ValueError, prefixed with
+    `label` (the option or variable the string came from), when the string is malformed, the
+    module does not import, or it lacks the attribute."""
+    module, sep, attr = str(spec).partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{label}: expected module:object, e.g. {example}")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"{label}: cannot import module {module!r} ({e})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{label}: module {module!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj

@@ -4,12 +4,12 @@ catalogue named `module:attr`."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 from typing import Any, Callable, Mapping
 
 from specverify import dtypes
 from specverify.golden.errors import RULES, ROOT, check_name
+from specverify.validation import import_named
 
 DEFAULT_CATALOGUE = "tests.support.golden_catalogue:CATALOGUE"
 
@@ -84,19 +84,9 @@ class BaselineSet:
 
 def load_catalogue(spec: str = DEFAULT_CATALOGUE) -> list:
     """The catalogue `module:attr` names, imported with the repository root on sys.path."""
-    module, sep, attr = str(spec).partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"--catalogue {spec!r}: expected module:attr, e.g. {DEFAULT_CATALOGUE}")
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    try:
-        obj = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"--catalogue {spec!r}: cannot import {module!r} ({e})") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"--catalogue {spec!r}: module {module!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = import_named(spec, label=f"--catalogue {spec!r}", example=DEFAULT_CATALOGUE)
     items = list(obj)
     names = [i.name for i in items if isinstance(i, GoldenCase)]
     bad = [type(i).__name__ for i in items if not isinstance(i, (GoldenCase, BaselineSet))]

@@ -18,7 +18,6 @@ torch.as_tensor). An op the object lacks is skipped with a reason naming the mis
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import re
 import struct
@@ -33,6 +32,7 @@ from reference import fp8 as rfp8
 from reference import protocol as rproto
 from reference import spec as rspec
 from specverify import dtypes, ops
+from specverify.validation import import_named
 from specverify.engine.logprobs import logprob_rows
 from specverify.engine.sampling import SamplingParams, sample_from_probs, sampling_probs
 from specverify.kernels.argmax import row_argmax
@@ -167,18 +167,7 @@ def load_impl(spec: str | None = None):
     spec = os.environ.get(IMPL_ENV) if spec is None else spec
     if not spec:
         return None
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"{IMPL_ENV}={spec!r}: expected module:object, e.g. tests.support.example_impl:IMPL")
-    try:
-        obj = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"{IMPL_ENV}={spec!r}: cannot import module {module!r} ({e})") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{IMPL_ENV}={spec!r}: module {module!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+    return import_named(spec, label=f"{IMPL_ENV}={spec!r}", example="tests.support.example_impl:IMPL")
 
 
 def missing_op(plugin, op: OpSpec) -> str | None:
