@@ -12,11 +12,13 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
   the exact law of stochastic verify's output;
 - `eagle` (`generate_speculative`, `SpecReferenceOutput`, `RequestTrace`, `CycleTrace`, `NearTie`):
   a cache-free EAGLE speculative decoder that returns its per-cycle trace and flags near-ties;
+- `paged_attention`: attention of new queries over a paged KV cache, by plain loops;
 - `legacy_encode` / `legacy_decode` / `packed_header` / `split_header` / `packed_decode`: the
   speculative logprob message read byte by byte (docs/protocol.md).
 """
 
 from reference import eagle
+from reference.attention import paged_attention
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
@@ -72,6 +74,7 @@ __all__ = [
     "logprob_record",
     "packed_decode",
     "packed_header",
+    "paged_attention",
     "row_scale",
     "sample_token",
     "select_draft_topk",

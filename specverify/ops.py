@@ -129,3 +129,98 @@ def draft_topk(logits: torch.Tensor, topk: int, profile: PlatformProfile,
     probs = selection_softmax(x if scale is None else x * scale)     # [N, V] of the dequantized logits
     index = topk_stable(x, topk)[1]                                  # ordered by the upcast, never by probs
     return probs.gather(-1, index), index
+
+
+ATTENTION_TORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _int_vector(name: str, t, n: int, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor [{n}] int64, got {type(t).__name__}")
+    if tuple(t.shape) != (n,) or t.dtype != torch.int64:
+        raise ValueError(f"{name} must be [{n}] int64 (one entry per request), got {tuple(t.shape)} {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q on {device}: all inputs must be on one device")
+
+
+def paged_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+                    rows: torch.Tensor, kv_lens: torch.Tensor, q_lens: torch.Tensor, tree_mask: torch.Tensor,
+                    region: int = 0, scale: float | None = None, impl: str = "auto") -> torch.Tensor:
+    """Attention of new queries over the paged KV cache -> [N, Q, num_heads, head_dim] float32.
+
+    q: [N, Q, num_heads, head_dim] (float32 / float16 / bfloat16); k_cache, v_cache: [num_slots,
+    num_kv_heads, head_dim] of q's dtype, num_heads a multiple of num_kv_heads (GQA); req_to_token:
+    [max_requests, max_context] int64, the slot of each request row's cache index (any page size:
+    `models/kv_cache.SlotTable` builds it); rows, kv_lens, q_lens: [N] int64; tree_mask:
+    [N, Q, region + Q] bool. Request b's live length is L_b = kv_lens[b] + region + q_lens[b] <=
+    max_context. Query j < q_lens[b] sees every index t < kv_lens[b] and t = kv_lens[b] + r where
+    tree_mask[b, j, r] (r < region + q_lens[b]). Padded lanes (j >= q_lens[b]) and queries that see
+    no key give zeros; nothing at t >= L_b is read. scale: default 1/sqrt(head_dim). float32
+    accumulation. impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere).
+    The value checks (lengths, slots) read the device, so they are skipped inside a CUDA-graph capture.
+    """
+    from specverify.kernels.attention import paged_attention_impl
+    from specverify.kernels.launch import pick_impl
+
+    pick_impl(impl, q.device if isinstance(q, torch.Tensor) else torch.device("cpu"))
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("req_to_token", req_to_token),
+                    ("tree_mask", tree_mask)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be 4-D [N, Q, num_heads, head_dim], got shape {tuple(q.shape)}")
+    if q.dtype not in ATTENTION_TORCH_DTYPES:
+        raise ValueError(f"q dtype {q.dtype} is not supported (float32, float16, bfloat16)")
+    n, nq, nh, hd = q.shape
+    if hd < 16 or hd > 256 or hd & (hd - 1):
+        raise ValueError(f"q head_dim must be a power of two in [16, 256], got {hd}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 3 or t.shape[2] != hd:
+            raise ValueError(f"{name} must be [num_slots, num_kv_heads, {hd}], got shape {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all inputs must be on one device")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    nkv = k_cache.shape[1]
+    if nkv < 1 or nh % nkv:
+        raise ValueError(f"num_heads ({nh}) must be a multiple of k_cache's num_kv_heads ({nkv})")
+    if req_to_token.dim() != 2 or req_to_token.dtype != torch.int64 or req_to_token.device != q.device:
+        raise ValueError(f"req_to_token must be [max_requests, max_context] int64 on {q.device}, "
+                         f"got {tuple(req_to_token.shape)} {req_to_token.dtype} on {req_to_token.device}")
+    for name, t in (("rows", rows), ("kv_lens", kv_lens), ("q_lens", q_lens)):
+        _int_vector(name, t, n, q.device)
+    if isinstance(region, bool) or not isinstance(region, int):
+        raise TypeError(f"region must be an int >= 0, got {type(region).__name__}")
+    if region < 0:
+        raise ValueError(f"region must be >= 0, got {region}")
+    if tuple(tree_mask.shape) != (n, nq, region + nq) or tree_mask.dtype != torch.bool:
+        raise ValueError(f"tree_mask must be [{n}, {nq}, {region + nq}] bool (region + Q columns), "
+                         f"got {tuple(tree_mask.shape)} {tree_mask.dtype}")
+    if tree_mask.device != q.device:
+        raise ValueError(f"tree_mask is on {tree_mask.device}, q on {q.device}: all inputs must be on one device")
+    if scale is None:
+        scale = hd ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float > 0 or None, got {type(scale).__name__}")
+    elif not (0 < float(scale) < float("inf")):
+        raise ValueError(f"scale must be finite and > 0, got {scale}")
+    if n and not capturing(q.device):
+        max_context, num_slots = req_to_token.shape[1], k_cache.shape[0]
+        if bool(((rows < 0) | (rows >= req_to_token.shape[0])).any()):
+            raise ValueError(f"rows must be in [0, {req_to_token.shape[0]}) (req_to_token's rows)")
+        if bool(((q_lens < 0) | (q_lens > nq)).any()):
+            raise ValueError(f"q_lens must be in [0, {nq}] (Q, the query lanes)")
+        if bool((kv_lens < 0).any()):
+            raise ValueError("kv_lens must be >= 0")
+        live_len = kv_lens + region + q_lens
+        if bool((live_len > max_context).any()):
+            raise ValueError(f"kv_lens + region + q_lens must be <= {max_context} (req_to_token's max_context)")
+        width = int(live_len.max())
+        t = torch.arange(width, device=q.device)
+        live_slots = req_to_token[rows][:, :width][t[None, :] < live_len[:, None]]
+        if bool(((live_slots < 0) | (live_slots >= num_slots)).any()):
+            raise ValueError(f"req_to_token entries of live cache indices must be slots in [0, {num_slots})")
+    return paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region,
+                                float(scale), impl=impl)

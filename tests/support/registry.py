@@ -36,6 +36,7 @@ from specverify.validation import import_named
 from specverify.engine.logprobs import logprob_rows
 from specverify.engine.sampling import SamplingParams, sample_from_probs, sampling_probs
 from specverify.kernels.argmax import row_argmax
+from specverify.kernels.attention import BLOCK_N as ATTENTION_BLOCK_N
 from specverify.kernels.tree import build_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.protocol import message as msg
@@ -910,6 +911,149 @@ def _argmax_errors(which: str):
 
 
 # ---------------------------------------------------------------------------------------------
+# paged attention over the KV slot pool (torch path and the Triton kernel, interpreted on the CPU)
+
+ATTN_BLOCK_N = ATTENTION_BLOCK_N     # the Triton kernel's KV block: the boundary lengths straddle it
+
+
+def _attn_sample(name, seed, dtype, kv_lens, q_lens, *, region=0, page_size=1, heads=(2, 1), lanes=None,
+                 garbage=False, keys=None) -> SampleInput:
+    """A real paged layout: each request owns whole pages (shuffled over the pool, page 0 = the
+    sink) covering its live indices and one more, reserved-but-unwritten index; the rest of its
+    table row maps the sink, as `SlotTable` leaves unowned indices.
+    garbage: every slot no live index uses (sink, spare pages, the tail of a request's last page)
+    holds NaN; table entries past the live length point at NaN slots (the spare page, the sink) or
+    at another request's live slot; padded query lanes are NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    n, (nh, nkv), hd = len(kv_lens), heads, 16
+    lanes = max([1, *q_lens]) if lanes is None else lanes
+    live = [k + region + q for k, q in zip(kv_lens, q_lens)]
+    max_context = max([1, *live]) + 2
+    owned = [-(-(length + 1) // page_size) for length in live]
+    num_pages = 1 + sum(owned) + 1
+    order = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()
+    first = [sum(owned[:b]) for b in range(n)]
+    table = torch.zeros((n + 1, max_context), dtype=torch.int64)
+    rows = torch.randperm(n + 1, generator=gen)[:n]
+    used = torch.zeros(num_pages * page_size, dtype=torch.bool)
+    for b in range(n):
+        pages = torch.tensor(order[first[b]:first[b] + owned[b]], dtype=torch.int64)
+        slots = torch.zeros(max_context, dtype=torch.int64)
+        mine = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[:max_context]
+        slots[:mine.numel()] = mine
+        if garbage:   # past the live length: the spare page, the sink, another request's slot
+            spare = [order[-1], 0, order[0]]
+            for t in range(live[b], max_context):
+                slots[t] = spare[t % 3] * page_size + t % page_size
+        table[int(rows[b])] = slots
+        used[slots[:live[b]]] = True
+    shape = (num_pages * page_size, nkv, hd)
+    k = torch.randn(shape, generator=gen) if keys is None else keys(gen, shape)
+    v = torch.randn(shape, generator=gen)
+    q = torch.randn((n, lanes, nh, hd), generator=gen)
+    mask = torch.rand((n, lanes, region + lanes), generator=gen) < 0.5
+    mask[:, torch.arange(lanes), region + torch.arange(lanes)] = True      # every token sees itself
+    if garbage:
+        k[~used], v[~used] = float("nan"), float("nan")
+        q[torch.arange(lanes)[None, :] >= torch.tensor(q_lens, dtype=torch.int64)[:, None]] = float("nan")
+    torch_dtype = dtypes.dtype_info(dtype).torch_dtype
+    return SampleInput(name, {"q": q.to(torch_dtype), "k_cache": k.to(torch_dtype), "v_cache": v.to(torch_dtype),
+                              "req_to_token": table, "rows": rows, "kv_lens": torch.tensor(kv_lens, dtype=torch.int64),
+                              "q_lens": torch.tensor(q_lens, dtype=torch.int64), "tree_mask": mask, "region": region},
+                       seed)
+
+
+def _ulp_keys(gen, shape):
+    """Keys that are one float32 ulp apart along the slots: scores tie up to an ulp or two."""
+    base = torch.randn(shape[1:], generator=gen)
+    steps = torch.arange(shape[0], dtype=torch.float32)[:, None, None] * torch.finfo(torch.float32).eps
+    return base[None] * (1 + steps)
+
+
+def _attn_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        return {"out": ops.paged_attention(**s.args, impl=which)}
+    return impl
+
+
+def _attn_ref(s: SampleInput) -> dict:
+    args = {k: (v.double().numpy() if isinstance(v, torch.Tensor) and v.dtype.is_floating_point
+                else v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in s.args.items()}
+    return {"out": torch.from_numpy(reference.paged_attention(**args))}
+
+
+def _attn_samples(small: bool):
+    def samples(dtype: str, seed: int):
+        b = ATTN_BLOCK_N
+        yield _attn_sample("empty-batch", seed, dtype, [], [])
+        yield _attn_sample("decode", seed, dtype, [1, 12], [1, 1])
+        yield _attn_sample("prefill-from-empty", seed + 1, dtype, [0, 0], [5, 3])
+        yield _attn_sample("kv0-region-only", seed + 2, dtype, [0, 4], [2, 1], region=3)
+        yield _attn_sample("page1-one-slot-pages", seed + 3, dtype, [5, 9], [3, 2], region=1, page_size=1)
+        yield _attn_sample("page3-partial-last-page", seed + 4, dtype, [4, 2], [3, 2], region=2, page_size=3)
+        yield _attn_sample("nan-garbage-past-live", seed + 5, dtype, [6, 3], [2, 3], region=2, page_size=3,
+                           lanes=4, garbage=True)
+        yield _attn_sample("ulp-adjacent-scores", seed + 6, dtype, [9, 5], [2, 2], keys=_ulp_keys)
+        # live lengths 1, BLOCK_N - 1, BLOCK_N, BLOCK_N + 1; NaN slots right past each live end
+        yield _attn_sample("boundary-live-len-at-kv-block", seed + 7, dtype, [0, b - 2, b - 2, b - 1], [1, 1, 2, 2],
+                           page_size=2, heads=(1, 1), garbage=True)
+        yield _attn_sample("gqa-8-to-2", seed + 9, dtype, [6], [2], region=1, heads=(8, 2))
+        gen = torch.Generator().manual_seed(seed)
+        for i in range(1):
+            n = int(torch.randint(1, 4, (1,), generator=gen))
+            kv = torch.randint(0, 13, (n,), generator=gen).tolist()
+            ql = torch.randint(0, 4, (n,), generator=gen).tolist()
+            yield _attn_sample(f"random-{i}", seed + 20 + i, dtype, kv, ql, region=int(torch.randint(0, 3, (1,),
+                               generator=gen)), page_size=int(torch.randint(1, 5, (1,), generator=gen)),
+                               heads=(2, 1) if small else (2, 2), lanes=3, garbage=True)
+    return samples
+
+
+def _attn_recipe(dtype: str):
+    from hypothesis import strategies as st
+    lens = st.lists(st.tuples(st.integers(0, 34), st.integers(0, 3)), min_size=1, max_size=3)
+    return st.tuples(st.integers(0, 2**16), lens, st.integers(0, 2), st.integers(1, 4), st.booleans()).map(
+        lambda t: _attn_sample(f"hyp-page{t[3]}", t[0], dtype, [a for a, _ in t[1]], [c for _, c in t[1]],
+                               region=t[2], page_size=t[3], lanes=3, garbage=t[4]))
+
+
+def _attn_errors(which: str):
+    def call(**changes):
+        s = _attn_sample("base", 0, "float32", [3, 2], [2, 1], region=1, heads=(4, 2))
+        return lambda: ops.paged_attention(**{**s.args, **changes}, impl=which)
+    base = _attn_sample("base", 0, "float32", [3, 2], [2, 1], region=1, heads=(4, 2)).args
+
+    def errors():
+        yield ErrorInput("q-3d", call(q=base["q"][0]), ValueError, r"q must be 4-D", "q")
+        yield ErrorInput("q-int", call(q=base["q"].to(torch.int32)), ValueError, "q dtype", "q")
+        yield ErrorInput("head-dim-12", call(q=base["q"][..., :12]), ValueError, "head_dim must be a power of two", "q")
+        yield ErrorInput("k-dtype", call(k_cache=base["k_cache"].half()), ValueError, "k_cache must have q's dtype",
+                         "k_cache")
+        yield ErrorInput("v-shape", call(v_cache=base["v_cache"][:5]), ValueError, "v_cache must have", "v_cache")
+        yield ErrorInput("gqa-3-heads", call(q=base["q"][:, :, :3]), ValueError, "multiple of", "num_heads")
+        yield ErrorInput("kv-lens-int32", call(kv_lens=base["kv_lens"].int()), ValueError, r"kv_lens must be \[2\] int64",
+                         "kv_lens")
+        yield ErrorInput("kv-lens-negative", call(kv_lens=torch.tensor([-1, 2])), ValueError, "kv_lens must be >= 0",
+                         "kv_lens")
+        yield ErrorInput("q-lens-over-lanes", call(q_lens=torch.tensor([3, 1])), ValueError, r"q_lens must be in \[0, 2\]",
+                         "q_lens")
+        yield ErrorInput("live-past-max-context", call(kv_lens=torch.tensor([100, 2])), ValueError,
+                         "must be <= ", "kv_lens")
+        yield ErrorInput("row-out-of-table", call(rows=torch.tensor([0, 9])), ValueError, "rows must be in", "rows")
+        yield ErrorInput("slot-out-of-pool", call(req_to_token=base["req_to_token"] + 10_000), ValueError,
+                         "must be slots in", "req_to_token")
+        yield ErrorInput("mask-shape", call(tree_mask=base["tree_mask"][:, :, :2]), ValueError,
+                         r"tree_mask must be \[2, 2, 3\] bool", "tree_mask")
+        yield ErrorInput("region-negative", call(region=-1), ValueError, "region must be >= 0", "region")
+        yield ErrorInput("region-float", call(region=1.0), TypeError, "region must be an int", "region")
+        yield ErrorInput("scale-zero", call(scale=0.0), ValueError, "scale must be finite and > 0", "scale")
+        yield ErrorInput("q-list", call(q=[1.0]), TypeError, "q must be a torch.Tensor", "q")
+        yield ErrorInput("bad-impl", lambda: ops.paged_attention(**base, impl="cuda"), ValueError,
+                         "impl must be one of", "impl")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------
 # the packed logprob message (docs/protocol.md): specverify's writer + reader against the
 # reference's byte-by-byte layout (legacy_encode re-headed as packed, plus the trailer) + reader
 
@@ -1068,6 +1212,12 @@ REGISTRY: dict[str, OpSpec] = {op.name: op for op in (
            _argmax_errors("torch"), LOGITS_BY_POLICY, {"index": EXACT}, platform_dependent=False, max_examples=10),
     OpSpec("row_argmax_triton", _argmax_impl("triton"), _argmax_ref, _argmax_samples(True), _argmax_recipe,
            _argmax_errors("triton"), LOGITS_BY_POLICY, {"index": EXACT}, platform_dependent=False, max_examples=3),
+    OpSpec("paged_attention", _attn_impl("torch"), _attn_ref, _attn_samples(False), _attn_recipe,
+           _attn_errors("torch"), _only("float32", "float16", "bfloat16"), {"out": CLOSE}, platform_dependent=False,
+           max_examples=10),
+    OpSpec("paged_attention_triton", _attn_impl("triton"), _attn_ref, _attn_samples(True), _attn_recipe,
+           _attn_errors("triton"), _only("float32", "float16", "bfloat16"), {"out": CLOSE},
+           platform_dependent=False, max_examples=3),
     OpSpec("message_codec", _codec_impl, _codec_ref, _codec_samples, _codec_recipe, _codec_errors,
            _only("float32"), {"meta": EXACT, "counts": EXACT, "token_ids": EXACT, "logprobs": EXACT,
                                    "ranks": EXACT}, platform_dependent=False, max_examples=15),

@@ -1,0 +1,53 @@
+"""Attention of new queries over a paged KV cache, read as plain maths (float64, one loop per
+request, head, query and key). The contract of `paged_attention`:
+
+- request b holds cache indices t < L_b = kv_lens[b] + region + q_lens[b]; index t lives in slot
+  req_to_token[rows[b]][t] of k_cache / v_cache ([slots][kv_head][dim]);
+- query lane j < q_lens[b] of head h reads kv head h // (num_heads // num_kv_heads) and sees every
+  t < kv_lens[b] and t = kv_lens[b] + r for r < region + q_lens[b] with tree_mask[b][j][r];
+- its output is sum_t w_t v_t with w the softmax of scale * <q, k_t> over the keys it sees
+  (scale default 1 / sqrt(dim)); a padded lane, or a query that sees no key, is all zeros.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def paged_attention(*, q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region=0,
+                    scale=None) -> np.ndarray:
+    """-> float64 array [N, Q, num_heads, dim]. Array-likes in; values read as float64."""
+    q = np.asarray(q, dtype=np.float64)
+    keys = np.asarray(k_cache, dtype=np.float64)
+    values = np.asarray(v_cache, dtype=np.float64)
+    table = np.asarray(req_to_token)
+    mask = np.asarray(tree_mask, dtype=bool)
+    n, nq, nh, dim = q.shape
+    group = nh // keys.shape[1]
+    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
+    out = np.zeros((n, nq, nh, dim), dtype=np.float64)
+    for b in range(n):
+        prefix, live_q = int(kv_lens[b]), int(q_lens[b])
+        slots_of = table[int(rows[b])]
+        for j in range(live_q):
+            visible = list(range(prefix))
+            visible += [prefix + r for r in range(region + live_q) if mask[b][j][r]]
+            if not visible:
+                continue
+            for h in range(nh):
+                kvh = h // group
+                scores = []
+                for t in visible:
+                    slot = int(slots_of[t])
+                    dot = 0.0
+                    for d in range(dim):
+                        dot += q[b, j, h, d] * keys[slot, kvh, d]
+                    scores.append(scale * dot)
+                top = max(scores)
+                weights = [math.exp(s - top) for s in scores]
+                total = sum(weights)
+                for w, t in zip(weights, visible):
+                    out[b, j, h] += (w / total) * values[int(slots_of[t]), kvh]
+    return out
