@@ -1,6 +1,6 @@
 """Public speculative-decoding ops (docs/semantics.md section 6).
 
-Each op here has a reference twin in `reference/spec.py`; the op registry in tests pairs them.
+Each op here has a reference twin in `reference/` (spec.py, attention.py); the op registry in tests pairs them.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import torch
 
 from specverify import dtypes
 from specverify.kernels.argmax import row_argmax
+from specverify.kernels.attention import paged_attention_impl
+from specverify.kernels.launch import pick_impl
 from specverify.platform import PlatformProfile, capturing, resolve
 
 
@@ -157,11 +159,10 @@ def paged_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     tree_mask[b, j, r] (r < region + q_lens[b]). Padded lanes (j >= q_lens[b]) and queries that see
     no key give zeros; nothing at t >= L_b is read. scale: default 1/sqrt(head_dim). float32
     accumulation. impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere).
-    The value checks (lengths, slots) read the device, so they are skipped inside a CUDA-graph capture.
+    The value checks (lengths, slots) read the device, so they are skipped inside a CUDA-graph capture;
+    an engine's hot path calls `kernels.attention.paged_attention_impl` (no checks, same code), as it
+    calls `draft_topk` rather than `select_draft_topk`.
     """
-    from specverify.kernels.attention import paged_attention_impl
-    from specverify.kernels.launch import pick_impl
-
     pick_impl(impl, q.device if isinstance(q, torch.Tensor) else torch.device("cpu"))
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("req_to_token", req_to_token),
                     ("tree_mask", tree_mask)):

@@ -262,26 +262,26 @@ class FakeConfig:
 ])
 def test_the_conftest_refuses_bad_data_and_filters_as_usage_errors(tmp_path, monkeypatch, options, message):
     """Another profile's file is validated too: a typo in rocm.toml stops a cpu run at configure."""
-    import conftest
+    from tests.matrix import plugin as matrix_plugin
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPECVERIFY_PLATFORM", "cpu")
     write(tmp_path / "expect" / "cpu.toml", CPU)
     write(tmp_path / "expect" / "rocm.toml", entry_toml(test="x", kind="xfail", reason="no raises"))
     with pytest.raises(pytest.UsageError, match=message):
-        conftest.MatrixPlugin.from_config(FakeConfig(tmp_path, **options))
+        matrix_plugin.MatrixPlugin.from_config(FakeConfig(tmp_path, **options))
 
 
 def test_the_conftest_loads_the_default_directory_and_the_env_override(tmp_path, monkeypatch):
-    import conftest
+    from tests.matrix import plugin as matrix_plugin
     monkeypatch.setenv("SPECVERIFY_PLATFORM", "cpu")
-    monkeypatch.delenv(conftest.EXPECTATIONS_ENV, raising=False)
-    assert conftest.MatrixPlugin.from_config(FakeConfig(tmp_path)).expect_dir is None   # no tests/expectations here
+    monkeypatch.delenv(matrix_plugin.EXPECTATIONS_ENV, raising=False)
+    assert matrix_plugin.MatrixPlugin.from_config(FakeConfig(tmp_path)).expect_dir is None   # no tests/expectations here
     write(tmp_path / "tests" / "expectations" / "cpu.toml", CPU)
-    plugin = conftest.MatrixPlugin.from_config(FakeConfig(tmp_path))
+    plugin = matrix_plugin.MatrixPlugin.from_config(FakeConfig(tmp_path))
     assert [e.ref for e in plugin.entries][:2] == ["tests/expectations/cpu.toml #1", "tests/expectations/cpu.toml #2"]
     write(tmp_path / "other" / "all.toml", ALL)
-    monkeypatch.setenv(conftest.EXPECTATIONS_ENV, str(tmp_path / "other"))
-    assert [e.ref for e in conftest.MatrixPlugin.from_config(FakeConfig(tmp_path)).entries] == ["other/all.toml #1"]
+    monkeypatch.setenv(matrix_plugin.EXPECTATIONS_ENV, str(tmp_path / "other"))
+    assert [e.ref for e in matrix_plugin.MatrixPlugin.from_config(FakeConfig(tmp_path)).entries] == ["other/all.toml #1"]
 
 
 @pytest.mark.parametrize("dtype, algorithm, dtypes, algorithms, kept", [
