@@ -5,7 +5,7 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 
 - `forward` / `forward_logits` / `tree_node_logits`: the cache-free target model (section 1);
 - `convert_logits` / `greedy_token`: logits dtypes, FP8 included, and the tie rule (sections 2-3);
-- `filtered_probs` / `draw` / `sample_token` / `uniform_stream`: sampling (section 4);
+- `filtered_probs` / `draw` / `sample_token` / `counter_uniform`: sampling (section 4);
 - `generate`: target-only generation (section 5), the output every decoder must reproduce;
 - `select_draft_topk` / `topk_order` / `build_tree` / `greedy_verify` / `stochastic_verify`:
   the speculative ops (section 6), and `first_token_distribution` / `emitted_path_probability`,
@@ -33,7 +33,7 @@ from reference.protocol import (
     packed_header,
     split_header,
 )
-from reference.sampling import draw, filtered_probs, sample_token, uniform_stream
+from reference.sampling import counter_uniform, draw, filtered_probs, sample_token
 from reference.spec import (
     RefTree,
     build_tree,
@@ -58,6 +58,7 @@ __all__ = [
     "TokenLogprob",
     "build_tree",
     "convert_logits",
+    "counter_uniform",
     "draw",
     "emitted_path_probability",
     "filtered_probs",
@@ -82,5 +83,4 @@ __all__ = [
     "stochastic_verify",
     "topk_order",
     "tree_node_logits",
-    "uniform_stream",
 ]

@@ -58,13 +58,12 @@ import torch
 
 from reference.logits import FP8_FORMATS, convert_logits, row_scale
 from reference.model import forward, rmsnorm, rope, silu
-from reference.sampling import draw, filtered_probs, order_desc, softmax, uniform_stream
+from reference.sampling import counter_uniform, draw, filtered_probs, order_desc, softmax
 from reference.spec import topk_order
 from reference.generate import MIN_TEMPERATURE
 
 F64 = torch.float64
 
-SPEC_STREAM_SALT = 0x5BD1E995   # 6.5: the cycle stream of request r is seed * 1_000_003 + r + SALT
 REL_LOGIT = 1e-10
 REL_PROB = 1e-10
 REL_DRAFT_P = 3e-5
@@ -453,18 +452,18 @@ def _decode(models, prm: _Params, r: int, prompt: list, budget: int, seed: int) 
         audit.note("prefill", "greedy token", margin, 0.0, stable)
     else:
         probs, eps = _sampling_row(audit, cfg, prm, root_z, "prefill")
-        u0 = float(uniform_stream(seed, r, budget)[0])
+        u0 = counter_uniform(seed, r, len(prompt) - 1, 0)   # section 4: the token after position P - 1
         first = draw(probs, u0)
         _audit_draw(audit, "prefill", "sampled token", probs, u0, 1.0, eps)
     trace.tokens.append(first)
     done = len(trace.tokens) >= budget or first == prm.eos
     seq.append(first)
-    gen = torch.Generator("cpu").manual_seed(seed * 1_000_003 + r + SPEC_STREAM_SALT)
     while not done:
         audit.cycle, audit.margins = len(trace.cycles), {}
         logits, hidden = forward(cfg, tw, seq)       # root row = last; h_0..h_{n-1} feed the draft
         tokens, parents = _draft_tree(audit, models, prm, r, seq, hidden)
-        u = None if prm.temperature == 0 else torch.rand(prm.D + 1, dtype=F64, generator=gen).tolist()
+        n = len(seq) - 1                              # 6.5: the root position (K/V cached for 0..n-1)
+        u = None if prm.temperature == 0 else [counter_uniform(seed, r, n, j) for j in range(prm.D + 1)]
         accepted, bonus = _verify(audit, models, prm, seq, logits[-1], tokens, parents, u)
         produced = [tokens[j] for j in accepted[1:] if j >= 0] + [bonus]
         emitted = []

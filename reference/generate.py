@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from reference.logits import convert_logits, greedy_token
 from reference.model import forward_logits
-from reference.sampling import sample_token, uniform_stream
+from reference.sampling import counter_uniform, sample_token
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,8 @@ def generate(
     models: needs `models.config` and `models.target_weights` (float64 master tensors).
     prompts: list of non-empty token-id lists; max_new_tokens: int or one int per request (>= 1).
     temperature == 0 is greedy (first maximal index of the float32-upcast logits); otherwise the
-    token is sampled per section 4 with uniform t of request r's stream (seed * 1_000_003 + r).
+    token is sampled per section 4; output token t of request r uses the uniform
+    counter_uniform(seed, r, P_r - 1 + t, 0), P_r the prompt length (seed in [0, 2**32)).
     A request stops after emitting eos_token_id (EOS is part of its output).
     logprobs = N > 0: one TokenLogprob per emitted token: the token's log-softmax of the
     dequantized float64 logits (raw: temperature and filters are not applied), its rank
@@ -143,7 +144,6 @@ def generate(
     all_tokens = []
     all_logprobs = []
     for r, prompt in enumerate(prompts):
-        uniforms = uniform_stream(seed, r, per_request[r]).tolist() if temperature > 0 else None
         sequence = [int(x) for x in prompt]
         emitted = []
         records = []
@@ -153,7 +153,8 @@ def generate(
             if temperature == 0:
                 token = greedy_token(converted.upcast)
             else:
-                token = sample_token(converted.dequant, uniforms[t], temperature, top_k, top_p, min_p)
+                u = counter_uniform(seed, r, len(sequence) - 1, 0)   # len(sequence) - 1 = P_r - 1 + t
+                token = sample_token(converted.dequant, u, temperature, top_k, top_p, min_p)
             emitted.append(token)
             if logprobs > 0:
                 records.append(logprob_record(converted.dequant, token, logprobs))

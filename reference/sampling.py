@@ -1,14 +1,14 @@
 """Sampling (docs/semantics.md, section 4), one row at a time, in float64 with plain loops.
 
 `filtered_probs` applies temperature, top-k, top-p and min-p in that order; `draw` is the
-inverse-CDF draw in vocabulary order; `uniform_stream` is the per-request uniform stream.
+inverse-CDF draw in vocabulary order; `counter_uniform` is the uniform u(seed, request, position,
+draw) that every sampled decision uses (sections 4 and 6.5).
 """
 
 from __future__ import annotations
 
 import math
-
-import torch
+import numbers
 
 
 def softmax(z: list[float]) -> list[float]:
@@ -90,7 +90,41 @@ def sample_token(z, u: float, temperature: float, top_k: int = 0, top_p: float =
     return draw(filtered_probs(z, temperature, top_k, top_p, min_p), u)
 
 
-def uniform_stream(seed: int, request_index: int, n: int) -> torch.Tensor:
-    """The n uniforms [n] float64 of request `request_index` in a call with `seed`."""
-    g = torch.Generator("cpu").manual_seed(seed * 1_000_003 + request_index)
-    return torch.rand(n, dtype=torch.float64, generator=g)
+# The counter-based uniform, restated from docs/semantics.md section 4 (this module shares no code
+# with the optimized decoder). All arithmetic is on Python ints; the result is exact.
+WORD = 2**32                       # every counter and every hash value lies in [0, WORD)
+MIX_STEPS = ((15, 0x7A9D5587), (14, 0x29BAE531), (16, None))   # xor-shift right, then multiply
+SALTS = (0xA5C31F27, 0x3D8EB46C)   # lane 0, lane 1
+
+
+def mix(x: int) -> int:
+    """The 32-bit mix of section 4: xor-shift / multiply mod 2**32, twice, then an xor-shift."""
+    x = x % WORD
+    for shift, multiplier in MIX_STEPS:
+        x = x ^ (x >> shift)
+        if multiplier is not None:
+            x = (x * multiplier) % WORD
+    return x
+
+
+def counter_uniform(seed: int, request: int, position: int, draw: int) -> float:
+    """u(seed, request, position, draw) in [0, 1): a float64 with 53 random bits.
+
+    Each argument is an int in [0, 2**32); anything else raises (TypeError for a non-int or a
+    bool, ValueError naming the argument and its bound for an out-of-range int).
+    """
+    counters = (("seed", seed), ("request", request), ("position", position), ("draw", draw))
+    for name, value in counters:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name}: counter_uniform needs an int, got {type(value).__name__} {value!r}")
+        if not 0 <= value < WORD:
+            raise ValueError(f"{name}: must be an int in [0, 2**32), got {value!r}")
+    lanes = []
+    for salt in SALTS:
+        h = mix(int(seed) ^ salt)
+        for value in (request, position, draw):
+            h = mix(h ^ int(value))
+        lanes.append(h)
+    high = lanes[0] // 2**5        # the top 27 bits of lane 0
+    low = lanes[1] // 2**6         # the top 26 bits of lane 1
+    return (high * 2**26 + low) / 2**53

@@ -50,7 +50,7 @@ def make_batch(rows, kv_lens, token_lists, parents_lists, device) -> Batch:
     kv = torch.tensor(kv_lens)
     ql = torch.tensor([len(t) for t in token_lists])
     return Batch(ids.to(device), pos.to(device), torch.tensor(rows).to(device), kv.to(device), ql.to(device),
-                 mask.to(device), par.to(device), int((kv + ql).max()))
+                 mask.to(device), par.to(device))
 
 
 def chain(n: int) -> list[int]:

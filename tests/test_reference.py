@@ -17,7 +17,7 @@ import torch
 import reference
 from reference.logits import convert_logits, greedy_token, row_scale
 from reference.model import forward, forward_logits, rope, tree_node_logits
-from reference.sampling import draw, filtered_probs, keep_min_p, keep_top_k, keep_top_p, uniform_stream
+from reference.sampling import counter_uniform, draw, filtered_probs, keep_min_p, keep_top_k, keep_top_p
 
 from reference import fp8 as ref_fp8  # noqa: F401  (an import error fails the module, never skips it)
 
@@ -425,14 +425,31 @@ def test_draw_fallback_last_positive():
         draw([0.0, 0.0], 0.5)
 
 
-def test_uniform_stream_is_the_documented_recipe():
-    for seed, r, n in [(0, 0, 5), (7, 3, 4), (123, 1, 1)]:
-        g = torch.Generator("cpu").manual_seed(seed * 1_000_003 + r)
-        expected = torch.rand(n, dtype=torch.float64, generator=g)
-        got = uniform_stream(seed, r, n)
-        assert got.dtype == torch.float64
-        assert torch.equal(got, expected)
-    assert not torch.equal(uniform_stream(1, 0, 4), uniform_stream(1, 1, 4))
+def documented_uniform(seed, r, position, draw_index):
+    """docs/semantics.md section 4's u(seed, r, position, draw), transcribed with 32-bit masks."""
+    def mix(x):
+        x &= 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x7A9D5587) & 0xFFFFFFFF
+        x ^= x >> 14
+        x = (x * 0x29BAE531) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+    h0, h1 = (mix(mix(mix(mix(seed ^ salt) ^ r) ^ position) ^ draw_index) for salt in (0xA5C31F27, 0x3D8EB46C))
+    return ((h0 >> 5) * 2**26 + (h1 >> 6)) / 2**53
+
+
+def test_counter_uniform_is_the_documented_recipe():
+    keys = [(0, 0, 0, 0), (7, 3, 4, 0), (123, 1, 1, 5), (2**32 - 1, 2**32 - 1, 2**31, 2**32 - 1)]
+    for key in keys:
+        got = counter_uniform(*key)
+        assert type(got) is float and 0.0 <= got < 1.0
+        assert got == documented_uniform(*key), key
+    assert counter_uniform(0, 0, 0, 0) == 0.7302188104272684   # a vector of docs/semantics.md
+    # a request's uniforms are its own: neighbouring requests, seeds and positions differ
+    row = [counter_uniform(1, 0, p, 0) for p in range(4)]
+    assert row != [counter_uniform(1, 1, p, 0) for p in range(4)]
+    assert row != [counter_uniform(2, 0, p, 0) for p in range(4)]
+    assert len(set(row)) == 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,16 +494,16 @@ def test_generate_stops_after_eos(hybrid):
     assert out.tokens[1] == full[: min(2, cut)]
 
 
-def test_generate_sampling_uses_request_stream(hybrid):
+def test_generate_sampling_uses_counter_uniforms(hybrid):
     kwargs = dict(max_new_tokens=4, temperature=0.8, top_k=5, top_p=0.9, min_p=0.05, seed=3)
     out = reference.generate(hybrid, [[1, 2], [1, 2]], **kwargs)
     assert out.tokens == reference.generate(hybrid, [[1, 2], [1, 2]], **kwargs).tokens
     for r in range(2):
-        u = uniform_stream(3, r, 4).tolist()
         seq = [1, 2]
         for t in range(4):
             z = forward_logits(hybrid.config, hybrid.target_weights, seq)[-1].to(torch.float32).double().tolist()
-            tok = draw(filtered_probs(z, 0.8, 5, 0.9, 0.05), u[t])
+            u = counter_uniform(3, r, 2 - 1 + t, 0)    # token t follows position P - 1 + t
+            tok = draw(filtered_probs(z, 0.8, 5, 0.9, 0.05), u)
             assert out.tokens[r][t] == tok
             seq.append(tok)
 

@@ -47,12 +47,6 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits.float(), dim=-1)
 
 
-def uniform_stream(seed: int, request_index: int, count: int) -> torch.Tensor:
-    """The documented per-request uniforms: float64 [count] in [0, 1)."""
-    gen = torch.Generator("cpu").manual_seed(seed * 1_000_003 + request_index)
-    return torch.rand(count, dtype=torch.float64, generator=gen)
-
-
 def _check_rows(name: str, t, dim: int, *, shape: tuple | None = None) -> None:
     """Shape checks only (no device read, so safe on the hot path and inside a graph capture)."""
     if not isinstance(t, torch.Tensor):

@@ -11,7 +11,8 @@ query lanes (j >= q_lens[b]) and queries that see no key produce zeros. Nothing 
 Triton: grid (requests, kv heads); one program holds the group's heads x query lanes as rows of a
 [BLOCK_M, head_dim] tile and runs an online softmax over KV blocks of BLOCK_N cache indices, the
 loop bound being L_b read from the device tensors (a captured graph costs the live lengths).
-float32 accumulation; the output is float32 [N, Q, num_heads, head_dim].
+float32 accumulation; the output is float32 [N, Q, num_heads, head_dim] (float64 queries: the torch
+path in float64).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def _paged_attention_kernel(
 def _torch_attention(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region, scale):
     n, nq, nh, hd = q.shape
     group = nh // k_cache.shape[1]
-    out = torch.zeros((n, nq, nh, hd), dtype=torch.float32, device=q.device)
+    acc = _acc_dtype(q)
+    out = torch.zeros((n, nq, nh, hd), dtype=acc, device=q.device)
     if n == 0 or nq == 0:
         return out
     live_len = kv_lens + region + q_lens                                   # [N]
@@ -97,8 +99,8 @@ def _torch_attention(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, t
     t = torch.arange(width, device=q.device)
     key_live = t[None, :] < live_len[:, None]                              # [N, T]
     slots = torch.where(key_live, req_to_token[rows][:, :width], torch.zeros_like(key_live, dtype=torch.int64))
-    keys = torch.where(key_live[:, :, None, None], k_cache[slots].float(), 0.0)      # [N, T, KVH, D]
-    values = torch.where(key_live[:, :, None, None], v_cache[slots].float(), 0.0)
+    keys = torch.where(key_live[:, :, None, None], k_cache[slots].to(acc), 0.0)      # [N, T, KVH, D]
+    values = torch.where(key_live[:, :, None, None], v_cache[slots].to(acc), 0.0)
     keys = keys.repeat_interleave(group, dim=2).permute(0, 2, 1, 3)                  # [N, H, T, D]
     values = values.repeat_interleave(group, dim=2).permute(0, 2, 1, 3)
     rel = t[None, :] - kv_lens[:, None]                                    # [N, T]
@@ -107,7 +109,7 @@ def _torch_attention(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, t
     q_live = torch.arange(nq, device=q.device)[None, :] < q_lens[:, None]  # [N, Q]
     seen = q_live[:, :, None] & key_live[:, None, :] & ((rel < 0)[:, None, :] | tree)
     seen = seen[:, None]                                                   # [N, 1, Q, T]
-    scores = q.float().permute(0, 2, 1, 3) @ keys.transpose(2, 3) * scale   # [N, H, Q, T]
+    scores = q.to(acc).permute(0, 2, 1, 3) @ keys.transpose(2, 3) * scale   # [N, H, Q, T]
     scores = scores.masked_fill(~seen, float("-inf"))
     top = scores.amax(-1, keepdim=True)
     top = torch.where(torch.isinf(top) & (top < 0), torch.zeros_like(top), top)
@@ -117,10 +119,18 @@ def _torch_attention(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, t
     return res.permute(0, 2, 1, 3).contiguous()
 
 
+def _acc_dtype(q: torch.Tensor) -> torch.dtype:
+    """float32 accumulation, float64 for float64 queries (the precision mode the tests use)."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region, scale,
                          impl: str = "auto", block_n: int = BLOCK_N) -> torch.Tensor:
-    """The kernel wrapper behind `specverify.ops.paged_attention` (inputs already checked)."""
-    if pick_impl(impl, q.device) == "torch":
+    """The kernel wrapper behind `specverify.ops.paged_attention` (inputs already checked).
+
+    float64 queries always take the torch path (the Triton kernel accumulates in float32); on a
+    GPU that path reads the longest live length back, so it is a precision mode, not a fast one."""
+    if pick_impl(impl, q.device) == "torch" or q.dtype == torch.float64:
         return _torch_attention(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region, scale)
     check_launchable(_paged_attention_kernel, q.device)
     n, nq, nh, hd = q.shape
@@ -131,6 +141,9 @@ def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_len
         return out
     block_m = max(16, triton.next_power_of_2(group * nq))
     mask = tree_mask.to(torch.int8)
+    # The kernel indexes the per-request vectors densely: strided views (a column of a packed
+    # tensor) are made contiguous first.
+    rows, kv_lens, q_lens = rows.contiguous(), kv_lens.contiguous(), q_lens.contiguous()
     _paged_attention_kernel[(n, nkv)](
         q, k_cache, v_cache, out, req_to_token, rows, kv_lens, q_lens, mask,
         region, nq, group, float(scale),

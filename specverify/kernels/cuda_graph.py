@@ -1,20 +1,33 @@
-"""CUDA-graph runner: capture a tensor function once per batch-size bucket, replay it after.
+"""CUDA-graph runner: a tensor function captured once per batch-size bucket, replayed after.
 
-The function takes a dict of static input tensors (leading dim = bucket size) and returns a dict
-of tensors. A live batch smaller than its bucket is padded with the pad row given at construction
-(written into the static buffers before every replay, so stale padding never carries over), and
-only the live rows of the outputs are returned, copied out of the graph's memory.
-The eager path calls the same function on the same padded buffers, so the two match bit for bit.
+The function takes a dict of input tensors (leading dim = batch) and returns a dict of tensors.
+It may read and write persistent device tensors of its own (caches, request state): that is what
+makes one replay a whole decode cycle. Inputs are copied into static buffers before every call:
+rows past the live batch get the pad row given at construction, so stale padding never carries
+over, and the eager path (`use_graphs=False`) calls the function on the same padded buffers, so a
+replay and an eager call compute the same thing. Without padding (`pad_batches=False`, the CPU
+default of the decoders) the function runs at the live batch size.
+
+Capture discipline (why a capture is never retried):
+- the warm-up and the capture run on one stream of the runner's own, so every lazily created
+  per-stream resource (the cuBLAS workspace of that stream, a kernel's module) exists before the
+  capture starts;
+- the warm-up runs on pad-row inputs only: it executes every kernel the capture will record
+  (they depend on shapes, not values) and touches no live request;
+- Python's garbage collector is off during the capture: a collection there could finalize an
+  object from an earlier call (a CUDA event, a pinned host buffer, a stream) whose release calls
+  into CUDA from inside the capture, which invalidates it. That is the failure the previous
+  runner papered over with a retry;
+- the capture uses the strict (global) mode, so any forbidden call fails loudly, at once.
 """
 
 from __future__ import annotations
 
-import warnings
+import gc
 from typing import Callable
 
 import torch
 
-CAPTURE_ERRORS = (RuntimeError,) + ((torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ())
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -27,15 +40,19 @@ def bucket_for(bs: int, buckets=DEFAULT_BUCKETS) -> int:
 
 class BucketGraphRunner:
     def __init__(self, fn: Callable[[dict], dict], pad: dict[str, torch.Tensor], *, use_graphs: bool,
-                 buckets=DEFAULT_BUCKETS, warmup: int = 2):
-        """pad: one row per input name (no batch dim) used to fill rows past the live batch."""
-        self.fn, self.pad, self.use_graphs, self.buckets, self.warmup = fn, pad, use_graphs, buckets, warmup
+                 pad_batches: bool = True, buckets=DEFAULT_BUCKETS):
+        """pad: one row per input name (no batch dim) used to fill rows past the live batch.
+        use_graphs needs pad_batches (a graph has one shape per bucket)."""
+        if use_graphs and not pad_batches:
+            raise ValueError("use_graphs=True needs pad_batches=True: a captured graph has fixed shapes")
+        self.fn, self.pad, self.use_graphs, self.buckets = fn, pad, use_graphs, buckets
+        self.pad_batches = pad_batches
         self.static: dict[int, dict] = {}
         self.outputs: dict[int, dict] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
+        self.stream = None
         self.captures = 0
-        self.capture_retries = 0
 
     def _buffers(self, bucket: int) -> dict:
         if bucket not in self.static:
@@ -52,54 +69,46 @@ class BucketGraphRunner:
             if value.shape[1:] != target.shape[1:]:
                 raise ValueError(f"input {name!r}: row shape {tuple(value.shape[1:])}, the runner was "
                                  f"built for {tuple(target.shape[1:])}")
-            target[:live].copy_(value)
+            target[:live].copy_(value, non_blocking=True)
             target[live:].copy_(self.pad[name].expand_as(target[live:]))
         return buf
 
-    def _capture(self, bucket: int, buf: dict) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup):
-                self.fn(buf)
-        torch.cuda.current_stream().wait_stream(side)
-        # Settle every pending allocator event before capturing, so nothing has to be queried
-        # while the stream captures.
+    def _capture(self, bucket: int) -> None:
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        pads = self._fill(bucket, {})                  # every row the pad row: touches no request
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            self.fn(pads)
+        torch.cuda.current_stream().wait_stream(self.stream)
         torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        was_enabled = gc.isenabled()
+        gc.collect()
+        gc.disable()
         try:
-            graph = self._capture_once(buf, bucket)
-        except CAPTURE_ERRORS as first:
-            warnings.warn(f"CUDA-graph capture of bucket {bucket} failed ({str(first).splitlines()[0]}); "
-                          "retrying once from an emptied cache")
-            # Seen once on an H200 (bs=1, after many eager calls): the capture was invalidated by
-            # an earlier call. One retry from an emptied cache; a second failure is raised.
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            self.capture_retries += 1
-            try:
-                graph = self._capture_once(buf, bucket)
-            except CAPTURE_ERRORS as second:
-                raise RuntimeError(f"CUDA-graph capture of bucket {bucket} failed twice: {second}") from first
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="global"):
+                self.outputs[bucket] = self.fn(pads)
+        finally:
+            if was_enabled:
+                gc.enable()
         self.pool = graph.pool()
         self.graphs[bucket] = graph
         self.captures += 1
 
-    def _capture_once(self, buf: dict, bucket: int) -> "torch.cuda.CUDAGraph":
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            self.outputs[bucket] = self.fn(buf)
-        return graph
-
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run on `inputs` (live rows only); returns the live rows of the outputs. With graphs the
+        outputs are views of the graph's static outputs: read them before the next run."""
         live = next(iter(inputs.values())).shape[0]
+        if not self.pad_batches:
+            return self.fn(inputs)
         bucket = bucket_for(live, self.buckets)
+        if self.use_graphs and bucket not in self.graphs:
+            self._capture(bucket)
         buf = self._fill(bucket, inputs)
-        if not self.use_graphs:
-            out = self.fn(buf)
-        else:
-            if bucket not in self.graphs:
-                self._capture(bucket, buf)
-                buf = self._fill(bucket, inputs)      # warm-up runs wrote to the caches: refill
+        if self.use_graphs:
             self.graphs[bucket].replay()
             out = self.outputs[bucket]
-        return {k: v[:live].clone() for k, v in out.items()}
+        else:
+            out = self.fn(buf)
+        return {k: v[:live] for k, v in out.items()}

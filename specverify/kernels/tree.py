@@ -231,7 +231,7 @@ def num_candidates(topk: int, num_steps: int) -> int:
     return topk + (num_steps - 1) * topk * topk
 
 
-def _validate_build(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, topk, num_steps):
+def _validate_build(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, topk, num_steps, checked=True):
     if not isinstance(topk, int) or topk < 1:
         raise ValueError(f"topk must be an int >= 1, got {topk!r}")
     if not isinstance(num_steps, int) or num_steps < 1:
@@ -253,7 +253,7 @@ def _validate_build(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, to
     if topk == 1 and d != num_steps + 1:
         raise ValueError(f"topk == 1 is a chain: D must be num_steps + 1 = {num_steps + 1}, got D = {d} "
                          f"(kept_flat has {d - 1} columns)")
-    if capturing(device) or bs == 0:
+    if not checked or capturing(device) or bs == 0:
         return
     # Value checks read the tensors back (one sync for all), so never inside a graph capture.
     checks = [
@@ -286,7 +286,7 @@ def _raise_first(checks: list[tuple[torch.Tensor, str]]) -> None:
 
 def build_tree(root_tokens: torch.Tensor, kept_flat: torch.Tensor, kept_tokens: torch.Tensor,
                beam_flat: torch.Tensor, seq_lens: torch.Tensor, *, topk: int, num_steps: int,
-               impl: str = "auto") -> DraftTree:
+               impl: str = "auto", checked: bool = True) -> DraftTree:
     """The draft tree of section 6.2 from the kept candidates.
 
     root_tokens: [bs] int64, the last verified token of each request (node 0).
@@ -295,8 +295,10 @@ def build_tree(root_tokens: torch.Tensor, kept_flat: torch.Tensor, kept_tokens: 
     beam_flat:   [bs, max(S-1, 0), k] int64, flat index of beam p of step i (i = 0..S-2).
     seq_lens:    [bs] int64, L, tokens already in the cache (the root sits at position L).
     impl: "triton" | "torch" | "auto" (Triton on CUDA tensors, torch on the CPU).
+    checked: also check the values (one device read); the decode cycle passes False unless its
+    debug checks are on. Shapes and dtypes are always checked.
     """
-    _validate_build(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, topk, num_steps)
+    _validate_build(root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, topk, num_steps, checked)
     args = (root_tokens, kept_flat, kept_tokens, beam_flat, seq_lens, topk, num_steps)
     if pick_impl(impl, kept_flat.device) == "triton":
         return _build_tree_triton(*args)

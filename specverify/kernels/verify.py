@@ -269,13 +269,15 @@ def _residual_bonus(tree: DraftTree, probs: torch.Tensor, accept: torch.Tensor, 
 
 
 def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.Tensor, final: torch.Tensor, *,
-                      num_steps: int, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      num_steps: int, impl: str = "auto", checked: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Section 6.4: sequential acceptance among siblings, bonus from the residual.
 
     tree: DraftTree with D nodes (parents before children, as build_tree makes them);
     target_probs: [bs, D, V] float64, each node's sampling distribution;
     coins: [bs, D] float64 in [0, 1), coins[b, j] is used at node j; final: [bs] float64 in [0, 1).
     impl: "triton" | "torch" | "auto" for the walk (identical float64 additions either way).
+    checked: also check the values (one device read); the decode cycle passes False unless its
+    debug checks are on. Shapes and dtypes are always checked.
     Returns (accept_nodes [bs, S+1] int64 padded with -1, num_correct [bs] int64, bonus [bs] int64).
     """
     _validate_tree(tree, num_steps)
@@ -290,7 +292,7 @@ def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.
     if vocab < 1:
         raise ValueError("target_probs must have a non-empty vocabulary dimension")
     use = pick_impl(impl, device)
-    if not capturing(device) and bs > 0:
+    if checked and not capturing(device) and bs > 0:
         _raise_first([
             ((coins < 0) | (coins >= 1) | coins.isnan(), "coins must lie in [0, 1)"),
             ((final < 0) | (final >= 1) | final.isnan(), "final must lie in [0, 1)"),

@@ -8,6 +8,9 @@
 - `StateBuffers` holds the recurrent state of each request row per recurrent layer.
 
 The allocator lives on the host (as in engines); the table and buffers live on the device.
+Table edits made by `reserve` / `shrink` are queued on the host and reach the device in one copy
+(from pinned memory, asynchronous) when `flush` runs or `req_to_token` is read: a decode cycle
+makes one host-to-device transfer for all its page changes, and no host sync.
 """
 
 from __future__ import annotations
@@ -32,10 +35,32 @@ class SlotTable:
         self.max_context = max_context
         self.num_pages = num_pages
         self.num_slots = num_pages * page_size
-        self.req_to_token = torch.zeros((max_requests, max_context), dtype=torch.int64, device=device)
+        self._table = torch.zeros((max_requests, max_context), dtype=torch.int64, device=device)
+        self._pending: list[tuple[int, int, list[int]]] = []   # (row, first index, slots) not yet on the device
         self._free_pages = list(range(num_pages - 1, 0, -1))   # pop() hands out the lowest first
         self._free_rows = list(range(max_requests - 1, -1, -1))
         self._pages: dict[int, list[int]] = {}                 # row -> pages it owns, in order
+
+    @property
+    def req_to_token(self) -> torch.Tensor:
+        """[max_requests, max_context] int64 slot of each (row, cache index), queued edits applied."""
+        self.flush()
+        return self._table
+
+    def flush(self) -> None:
+        """Apply the queued table edits on the device: one transfer, no host sync."""
+        if not self._pending:
+            return
+        flat, values = [], []
+        width = self.max_context
+        for row, first, slots in self._pending:
+            flat.extend(range(row * width + first, row * width + first + len(slots)))
+            values.extend(slots)
+        self._pending.clear()
+        edits = torch.tensor([flat, values], dtype=torch.int64)
+        if self._table.device.type == "cuda":
+            edits = edits.pin_memory().to(self._table.device, non_blocking=True)
+        self._table.view(-1).index_copy_(0, edits[0], edits[1])
 
     @property
     def num_free_pages(self) -> int:
@@ -62,11 +87,10 @@ class SlotTable:
         new = [self._free_pages.pop() for _ in range(max(need, 0))]
         if new:
             first = len(pages) * self.page_size
-            slots = torch.tensor(new, dtype=torch.int64)[:, None] * self.page_size + torch.arange(self.page_size)
+            slots = [p * self.page_size + i for p in new for i in range(self.page_size)]
             # The last page may stick out past max_context (page_size need not divide it): the
             # table has max_context columns, so only the slots of indices < max_context are mapped.
-            slots = slots.flatten()[:self.max_context - first]
-            self.req_to_token[row, first:first + slots.numel()] = slots.to(self.req_to_token.device)
+            self._pending.append((row, first, slots[:self.max_context - first]))
             pages.extend(new)
 
     def shrink(self, row: int, length: int) -> None:
@@ -76,7 +100,9 @@ class SlotTable:
         freed = pages[keep:]
         if freed:
             del pages[keep:]
-            self.req_to_token[row, keep * self.page_size:(keep + len(freed)) * self.page_size] = SINK_SLOT
+            first = keep * self.page_size
+            count = min(len(freed) * self.page_size, self.max_context - first)
+            self._pending.append((row, first, [SINK_SLOT] * count))
             self._free_pages.extend(reversed(freed))
 
     def free_row(self, row: int) -> None:

@@ -1,18 +1,18 @@
 """Building blocks shared by the target model and the draft head: norm, RoPE, cached attention,
 the recurrent mixer and the MLP. Every function is batched and padded: a batch is `bs` requests of
-up to `q` query tokens; `q_lens[b]` of them are live, the rest are padding that reads the prefix
-and writes only to the sink slot.
+up to `q` query tokens; `q_lens[b]` of them are live, the rest are padding that writes only to the
+sink slot (and whose attention output is zero).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
+from specverify.kernels.attention import paged_attention_impl
 from specverify.models.kv_cache import SINK_SLOT
 
 
@@ -47,7 +47,6 @@ class Batch:
     q_lens: torch.Tensor        # [bs] int64 live query tokens
     tree_mask: torch.Tensor     # [bs, q, R] bool: query j sees region entry r (R = region + q)
     parents: torch.Tensor       # [bs, q] int64 index of each token's parent in the batch, -1 = prefix
-    max_kv: int                 # upper bound of kv_lens + region + q_lens (fixed per graph bucket)
     region: int = 0             # entries after the prefix written by earlier forwards (a draft
                                 # tree's earlier steps); new tokens go to kv_lens + region + j
     req_ids: torch.Tensor | None = None   # [bs] int64 each row's request: its index in the prompt
@@ -67,24 +66,6 @@ class Batch:
         idx = idx.clamp(max=req_to_token.shape[1] - 1)
         slots = req_to_token[self.rows[:, None], idx]
         return torch.where(self.live, slots, torch.full_like(slots, SINK_SLOT))
-
-    @functools.cached_property
-    def visibility(self) -> torch.Tensor:
-        """[bs, q, max_kv] bool: may query j attend to cache index t. Built once per batch and
-        shared by every attention layer of the forward."""
-        dev = self.input_ids.device
-        q, r = self.input_ids.shape[1], self.tree_mask.shape[2]
-        t = torch.arange(self.max_kv, device=dev)[None, :]
-        rel = t - self.kv_lens[:, None]                                     # [bs, T]
-        in_prefix = rel < 0
-        in_new = (rel >= 0) & (rel < self.region + self.q_lens[:, None])
-        idx = rel.clamp(0, r - 1)[:, None, :].expand(-1, q, -1)             # [bs, q, T]
-        tree = torch.gather(self.tree_mask, 2, idx)
-        seen = in_prefix[:, None, :] | (in_new[:, None, :] & tree)
-        # Padded queries look at index 0 only, so their softmax never sees an empty row.
-        pad = ~self.live
-        first = (t == 0)[:, None, :]
-        return torch.where(pad[:, :, None], first.expand_as(seen), seen)
 
 
 def chain_mask(bs: int, q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,16 +87,11 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
     k_cache[slots] = kh.reshape(-1, num_kv_heads, head_dim).to(k_cache.dtype)
     v_cache[slots] = vh.reshape(-1, num_kv_heads, head_dim).to(v_cache.dtype)
 
-    seen_slots = req_to_token[batch.rows, :batch.max_kv]                     # [bs, T]
-    keys = k_cache[seen_slots].to(x.dtype)                                  # [bs, T, nkv, hd]
-    values = v_cache[seen_slots].to(x.dtype)
-    group = num_heads // num_kv_heads
-    keys = keys.repeat_interleave(group, dim=2).transpose(1, 2)            # [bs, nh, T, hd]
-    values = values.repeat_interleave(group, dim=2).transpose(1, 2)
-    scores = qh.transpose(1, 2) @ keys.transpose(2, 3) / math.sqrt(head_dim)  # [bs, nh, q, T]
-    scores = scores.masked_fill(~batch.visibility[:, None, :, :], float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ values                           # [bs, nh, q, hd]
-    return out.transpose(1, 2).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
+    # Paged attention over the slot pool: each request reads its live length from the device, so
+    # the cost follows the live lengths (not max_context) also inside a captured graph.
+    out = paged_attention_impl(qh, k_cache, v_cache, req_to_token, batch.rows, batch.kv_lens, batch.q_lens,
+                               batch.tree_mask, batch.region, 1.0 / math.sqrt(head_dim))
+    return out.to(x.dtype).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
 
 
 def recurrent(x: torch.Tensor, w: dict, prefix: str, batch: Batch, state: torch.Tensor, *,

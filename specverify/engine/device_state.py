@@ -1,0 +1,86 @@
+"""What a decoder keeps on the device between steps, and the one way data comes back.
+
+`RequestState` holds, per slot-table row, everything a decode step needs to know about its
+request: the cached length, the pending token, the budget, the finished flag, the request's
+index. A step reads and writes it in place, so a captured graph replays a whole step without
+anything coming from the host. The pad row (padded lanes of a graph bucket) is finished forever
+and owns no page: its lanes write only the sink slot.
+
+`Readback` is the single device-to-host transfer of a step: a packed int64 tensor copied into a
+pinned host buffer and waited for. Nothing else in a step reads the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specverify.models import Batch, chain_mask
+
+
+@dataclasses.dataclass
+class RequestState:
+    seq_len: torch.Tensor       # [R] int64 tokens whose K/V are cached (the pending token's position)
+    pending: torch.Tensor       # [R] int64 the last emitted token, not yet cached (the root)
+    emitted: torch.Tensor       # [R] int64 tokens emitted so far
+    budget: torch.Tensor        # [R] int64 max_new_tokens
+    finished: torch.Tensor      # [R] bool
+    req_id: torch.Tensor        # [R] int64 index in the prompt list (keys the uniforms)
+
+    @classmethod
+    def empty(cls, rows: int, device) -> "RequestState":
+        i64 = dict(dtype=torch.int64, device=device)
+        return cls(torch.zeros(rows, **i64), torch.zeros(rows, **i64), torch.zeros(rows, **i64),
+                   torch.zeros(rows, **i64), torch.ones(rows, dtype=torch.bool, device=device),
+                   torch.zeros(rows, **i64))
+
+
+def stop_mask(tokens: torch.Tensor, count: torch.Tensor, room: torch.Tensor,
+              eos: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The EOS / max_new_tokens cut of section 5 on the device.
+
+    tokens [bs, W]: a request's candidate tokens in order, `count [bs]` of them produced;
+    room [bs]: tokens its budget still allows. Returns (taken [bs], finished [bs]): the tokens
+    appended (up to and including the first EOS, at most room) and whether the request stops."""
+    w = tokens.shape[1]
+    j = torch.arange(w, device=tokens.device)[None, :]
+    stop_at = torch.full_like(count, w)
+    if eos is not None:
+        stop_at = torch.where((tokens == eos) & (j < count[:, None]), j, w).amin(1)
+    taken = torch.minimum(torch.minimum(count, room), stop_at + 1)
+    return taken, (taken >= room) | (stop_at < taken)
+
+
+def extend_batch(rows: torch.Tensor, kv_lens: torch.Tensor, tokens: torch.Tensor, q_lens: torch.Tensor,
+                 req_ids: torch.Tensor) -> Batch:
+    """A chain of q_lens[b] new tokens per lane appended after kv_lens[b] cached ones."""
+    bs, q = tokens.shape
+    mask, parents = chain_mask(bs, q, tokens.device)
+    positions = kv_lens[:, None] + torch.arange(q, device=tokens.device)[None, :]
+    return Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, req_ids=req_ids)
+
+
+class Readback:
+    """The one device-to-host copy of a step (`count` says how many were made)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.count = 0
+        self._event = torch.cuda.Event() if device.type == "cuda" else None
+
+    def fetch(self, packed: torch.Tensor) -> list[list[int]]:
+        self.count += 1
+        if self._event is None:
+            return packed.tolist()
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        self._event.record()
+        # The step's designated wait: a sync debug mode set by the caller covers everything else.
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            self._event.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+        return host.tolist()

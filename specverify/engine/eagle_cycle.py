@@ -1,0 +1,175 @@
+"""One EAGLE speculative cycle as one tensor function of the running rows.
+
+Verify forward over each request's draft tree, accept (greedy or stochastic, with the counter
+uniforms), KV and recurrent-state commit, the EOS / max_new_tokens cut, the draft-extend over the
+emitted tokens and the S-1 draft steps: everything reads and writes the persistent state
+(`EagleState`, the caches), nothing reads the host or the device back, so on CUDA the whole
+cycle is captured as one graph per batch-size bucket. The result is one packed int64 tensor per
+lane, which the host copies back once.
+
+Layout of one request (n = tokens whose target K/V are cached, the pending root token sits at
+position n): target cache indices [0, n) hold x_0..x_{n-1}; a verify writes its D tree nodes at
+[n, n+D) and the commit moves the accepted ones down to [n, n+a+1). The draft head's entry for
+token x_t (paired with the target hidden state of x_{t-1}) sits at draft cache index t-1, so its
+prefix is also n long; the draft-tree steps write their k beams per step into the region after
+the prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specverify.engine.device_state import RequestState, extend_batch, stop_mask
+from specverify.engine.sampling import SamplingParams, sampling_probs
+from specverify.engine.spec_config import SpecConfig
+from specverify.engine.uniforms import counter_uniforms
+from specverify.kernels.tree import build_tree, chain_tree
+from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
+from specverify.models import Batch, ModelCache, Models
+from specverify.models.kv_cache import SINK_SLOT
+from specverify.ops import draft_topk
+from specverify.platform import PlatformProfile
+from specverify.spec.eagle import expand_search, finish_search, start_search
+
+
+@dataclasses.dataclass
+class EagleState:
+    """Per slot-table row: the request state and the draft the next verify checks."""
+    requests: RequestState
+    kept_flat: torch.Tensor       # [R, D-1] int64
+    kept_tokens: torch.Tensor     # [R, D-1] int64
+    beam_flat: torch.Tensor       # [R, max(S-1, 0), k] int64
+
+    @classmethod
+    def empty(cls, rows: int, config: SpecConfig, device) -> "EagleState":
+        d, s, k = config.draft_tokens, config.num_steps, config.topk
+        i64 = dict(dtype=torch.int64, device=device)
+        return cls(RequestState.empty(rows, device), torch.zeros((rows, d - 1), **i64),
+                   torch.zeros((rows, d - 1), **i64), torch.zeros((rows, max(s - 1, 0), k), **i64))
+
+
+def packed_width(config: SpecConfig) -> int:
+    """Columns of a lane's packed result: emitted [W], taken, finished, tree tokens [D], tree
+    parents [D], accepted nodes [W] (W = S + 1)."""
+    return 3 * (config.num_steps + 1) + 2 + 2 * config.draft_tokens
+
+
+class EagleCycle:
+    def __init__(self, models: Models, cache: ModelCache, state: EagleState, config: SpecConfig,
+                 params: SamplingParams, *, seed: int, eos_token_id: int | None, profile: PlatformProfile,
+                 with_logits: bool = False, checked: bool = False):
+        """with_logits: also return the target logits rows of the accepted nodes (logprobs).
+        checked: run the value checks of the tree and verify kernels (each reads the device)."""
+        self.models, self.cache, self.state, self.params = models, cache, state, params
+        self.seed, self.eos, self.profile = seed, eos_token_id, profile
+        self.k, self.S, self.D = config.topk, config.num_steps, config.draft_tokens
+        self.with_logits, self.checked = with_logits, checked
+
+    # -- draft -------------------------------------------------------------------------------
+    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, active) -> None:
+        """Draft-extend q_lens[b] tokens (features feats [bs, q, H]) after kv_lens[b] draft
+        entries, then the S-step tree search; the kept candidates go to the state rows. Lanes
+        not `active` write nothing to the caches."""
+        head, k, st = self.models.draft, self.k, self.state
+        bs = tokens.shape[0]
+        ar = torch.arange(bs, device=tokens.device)
+        q_lens = torch.where(active, q_lens, 0)
+        # x_t sits at draft index t-1, position t.
+        batch = extend_batch(rows, kv_lens, tokens, q_lens, req_ids)
+        batch.positions = batch.positions + 1
+        out = head.forward(self.cache, batch, feats)
+        last = (q_lens - 1).clamp(min=0)
+        p0, idx0 = draft_topk(out.logits[ar, last], k, self.profile, out.scale[ar, last])
+        prefix = kv_lens + q_lens                                           # draft prefix = root position
+        search = start_search(p0, idx0, self.S)
+        hidden = out.hidden[ar, last][:, None, :].expand(-1, k, -1)         # [bs, k, H]
+        beams = torch.where(active, k, 0)
+        for step in range(1, self.S):
+            pos = (prefix + step)[:, None].expand(-1, k)                    # beams sit at depth `step`
+            region = (step - 1) * k
+            dbatch = Batch(search.tokens, pos, rows, prefix, beams, search.ancestors[:, :, :region + k],
+                           torch.full_like(pos, -1), region, req_ids=req_ids)
+            dout = head.forward(self.cache, dbatch, hidden)
+            p, idx = draft_topk(dout.logits.reshape(bs * k, -1), k, self.profile, dout.scale.reshape(bs * k, 1))
+            parent = expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k))
+            hidden = dout.hidden.gather(1, parent[:, :, None].expand(-1, -1, dout.hidden.shape[-1]))
+        kept_flat, kept_tokens, beam_flat = finish_search(search, self.D)
+        st.kept_flat[rows] = kept_flat
+        st.kept_tokens[rows] = kept_tokens
+        st.beam_flat[rows] = beam_flat
+
+    # -- the cycle ------------------------------------------------------------------------------
+    def __call__(self, inp: dict) -> dict:
+        rs, st = self.state.requests, self.state
+        rows = inp["rows"]
+        live = ~rs.finished[rows]
+        n, req_ids, roots = rs.seq_len[rows], rs.req_id[rows], rs.pending[rows]
+        kept_tokens = st.kept_tokens[rows]
+        if self.k == 1:
+            tree = chain_tree(roots, kept_tokens, n)
+        else:
+            tree = build_tree(roots, st.kept_flat[rows], kept_tokens, st.beam_flat[rows], n, topk=self.k,
+                              num_steps=self.S, checked=self.checked)
+        batch = Batch(tree.tokens, tree.positions, rows, n, torch.where(live, self.D, 0), tree.mask, tree.parents,
+                      req_ids=req_ids)
+        out = self.models.target.forward(self.cache, batch, commit_state=False)
+        accept, num_correct, bonus = self._accept(tree, out, req_ids, n)
+        self._commit(rows, n, accept, num_correct, live, out)
+
+        w = self.S + 1
+        j = torch.arange(w, device=rows.device)[None, :]
+        drafts = tree.tokens.gather(1, accept[:, 1:].clamp(min=0))          # [bs, S] accepted drafts
+        produced = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], 1)
+        count = num_correct + 1
+        produced = torch.where(j == num_correct[:, None], bonus[:, None], produced)
+        produced = torch.where(j < count[:, None], produced, 0)
+        emitted = rs.emitted[rows]
+        taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)
+        taken = torch.where(live, taken, 0)
+        finished = ~live | stop
+        rs.emitted[rows] = emitted + taken
+        rs.finished[rows] = finished
+        rs.seq_len[rows] = torch.where(live, n + count, n)
+        rs.pending[rows] = torch.where(live, bonus, roots)
+
+        # Draft-extend over the accepted drafts and the bonus, fed by the target hidden states.
+        ar = torch.arange(rows.shape[0], device=rows.device)
+        feats = out.hidden[ar[:, None], accept.clamp(min=0)]                # [bs, W, H]
+        self.draft(rows, produced, count, feats, n, req_ids, ~finished)
+
+        packed = torch.cat([torch.where(j < taken[:, None], produced, -1), taken[:, None], finished.long()[:, None],
+                            tree.tokens, tree.parents, accept], 1)
+        result = {"packed": packed}
+        if self.with_logits:
+            nodes = accept.clamp(min=0)
+            result["logits"] = out.logits[ar[:, None], nodes]                # [bs, W, V]
+            result["scale"] = out.scale[ar[:, None], nodes]                  # [bs, W, 1]
+        return result
+
+    def _accept(self, tree, out, req_ids, n):
+        if self.params.greedy:
+            return verify_greedy(tree, target_predict(out.logits), num_steps=self.S)
+        bs, d, v = out.logits.shape
+        probs = sampling_probs(out.logits.reshape(bs * d, v), out.scale.reshape(bs * d, 1), self.params)
+        draws = torch.arange(d + 1, device=n.device)[None, :]
+        u = counter_uniforms(self.seed, req_ids[:, None], n[:, None], draws)       # [bs, D + 1]
+        return verify_stochastic(tree, probs.view(bs, d, v), u[:, :d].contiguous(), u[:, d].contiguous(),
+                                 num_steps=self.S, checked=self.checked)
+
+    def _commit(self, rows, n, accept, num_correct, live, out) -> None:
+        """Move accepted nodes' K/V down to [n, n+a+1) and keep the last one's recurrent state."""
+        table = self.cache.table.req_to_token
+        last_index = table.shape[1] - 1
+        j = torch.arange(accept.shape[1], device=rows.device)[None, :]
+        keep = (accept >= 0) & live[:, None]
+        src = table[rows[:, None], (n[:, None] + accept.clamp(min=0)).clamp(max=last_index)]
+        dst = table[rows[:, None], (n[:, None] + j).clamp(max=last_index)]
+        sink = torch.full_like(src, SINK_SLOT)
+        self.cache.kv.move(torch.where(keep, src, sink).flatten(), torch.where(keep, dst, sink).flatten())
+        last = accept.gather(1, num_correct[:, None])[:, 0]
+        ar = torch.arange(rows.shape[0], device=rows.device)
+        for r_layer, inter in enumerate(out.rec_states):
+            buf = self.cache.states.state[r_layer]
+            buf[rows] = torch.where(live[:, None, None, None], inter[ar, last].to(buf.dtype), buf[rows])
