@@ -18,7 +18,7 @@ def draft_batch(rows, kv_lens, tokens, device="cpu") -> Batch:
     mask, parents = chain_mask(bs, q, device)
     kv = torch.tensor(kv_lens)
     return Batch(tokens, kv[:, None] + torch.arange(q)[None, :], torch.tensor(rows), kv,
-                 torch.full((bs,), q), mask, parents, int(kv.max()) + q)
+                 torch.full((bs,), q), mask, parents)
 
 
 def test_draft_extend_then_decode_equals_one_extend(seed):
@@ -197,16 +197,16 @@ class RecordingDraft:
 def test_engine_passes_request_ids_in_every_draft_call(static):
     import dataclasses
 
-    from specverify.engine.generate import new_requests
+    from specverify.engine.requests import new_requests
     from specverify.engine.sampling import SamplingParams
-    from specverify.engine.speculative import SpecConfig, SpecDecoder, SpecRequest
+    from specverify.engine.speculative import SpecConfig, SpecDecoder
 
     plain = cached_models(compute_dtype="float64")
     recorder = RecordingDraft(plain.draft)
     models = dataclasses.replace(plain, draft=recorder)
     spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=5)
-    reqs = new_requests([[5, 6, 7], [1], [9, 9], [4, 3, 2, 1], [8]], [3, 9, 6, 7, 2], 0, cls=SpecRequest)
-    dec = SpecDecoder(models, spec, SamplingParams(), eos_token_id=None, static_shapes=static)
+    reqs = new_requests([[5, 6, 7], [1], [9, 9], [4, 3, 2, 1], [8]], [3, 9, 6, 7, 2])
+    dec = SpecDecoder(models, spec, SamplingParams(), seed=0, eos_token_id=None, pad_batches=static)
     dec.start(reqs)
     while dec.running():
         dec.step()

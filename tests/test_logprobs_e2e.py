@@ -81,16 +81,16 @@ def test_no_logprobs_means_none():
 
 
 def test_an_aborted_request_is_reported_preempted_with_its_tokens_so_far():
-    from specverify.engine.generate import new_requests
     from specverify.engine.logprobs import LogprobChannel
+    from specverify.engine.requests import new_requests
     from specverify.engine.sampling import SamplingParams
-    from specverify.engine.speculative import SpecDecoder, SpecRequest
+    from specverify.engine.speculative import SpecDecoder
 
     prompts, spec = [[1, 2, 3], [4, 5], [6]], SpecConfig(num_steps=2, topk=1)
     models = steered_cached_models(0.6, prompts, 12, spec, compute_dtype="float64")
-    reqs = new_requests(prompts, [12] * 3, 0, cls=SpecRequest)
+    reqs = new_requests(prompts, [12] * 3)
     channel = LogprobChannel(3, 2, max_rows=3)
-    decoder = SpecDecoder(models, spec, SamplingParams(), eos_token_id=None, channel=channel)
+    decoder = SpecDecoder(models, spec, SamplingParams(), seed=0, eos_token_id=None, channel=channel)
     decoder.start(reqs)
     decoder.step()
     decoder.abort(reqs[1])

@@ -115,15 +115,15 @@ def test_eos_in_the_middle_of_an_accepted_run(topk, steps, d, request):
 
 
 def test_abort_mid_flight_frees_pages_and_spares_the_others(request):
-    from specverify.engine.generate import new_requests
+    from specverify.engine.requests import new_requests
     from specverify.engine.sampling import SamplingParams
-    from specverify.engine.speculative import SpecDecoder, SpecRequest
+    from specverify.engine.speculative import SpecDecoder
 
     prompts, _ = workload(3, VOCAB)
     spec = SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, page_size=4)
     models = steered_cached_models(0.5, prompts, 14, spec, compute_dtype="float64")
-    reqs = new_requests(prompts, [14] * 3, 0, cls=SpecRequest)
-    decoder = SpecDecoder(models, spec, SamplingParams(), eos_token_id=None)
+    reqs = new_requests(prompts, [14] * 3)
+    decoder = SpecDecoder(models, spec, SamplingParams(), seed=0, eos_token_id=None)
     decoder.start(reqs)
     decoder.step()
     free_before = decoder.cache.table.num_free_pages

@@ -36,6 +36,23 @@ class RequestState:
                    torch.zeros(rows, **i64))
 
 
+def rows_tensor(rows: list[int], device: torch.device) -> torch.Tensor:
+    """A batch's slot-table rows as a device tensor, sent without a host sync (pinned memory,
+    asynchronous copy): made once per change of the running set, not per step."""
+    host = torch.tensor(rows, dtype=torch.int64)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def graphs_allowed(models, wanted: bool, profile, pad_batches: bool) -> bool:
+    """CUDA graphs when asked for, the profile allows them, the batch is padded and the models
+    are on a GPU. float64 compute takes the torch attention path, which reads the longest live
+    length back, so it runs eagerly (a precision mode for the tests, not a fast one)."""
+    return (wanted and profile.cuda_graphs and models.device.type == "cuda" and pad_batches
+            and models.target.dtype != torch.float64)
+
+
 def stop_mask(tokens: torch.Tensor, count: torch.Tensor, room: torch.Tensor,
               eos: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The EOS / max_new_tokens cut of section 5 on the device.

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from specverify.engine.device_state import Readback
+from specverify.engine.device_state import Readback, graphs_allowed, rows_tensor
 from specverify.engine.eagle_cycle import EagleCycle, EagleState
 from specverify.engine.logprobs import LogprobChannel
 from specverify.engine.prefill import prefill
@@ -49,8 +49,7 @@ class SpecDecoder:
         self.ahead = max(self.D, self.S + 1 + (self.S - 1) * self.k)
         self.dev = models.device
         self.pad_batches = self.dev.type == "cuda" if pad_batches is None else pad_batches
-        self.use_graphs = (config.cuda_graph and self.profile.cuda_graphs and self.dev.type == "cuda"
-                           and self.pad_batches)
+        self.use_graphs = graphs_allowed(models, config.cuda_graph, self.profile, self.pad_batches)
         self.debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1" if debug_checks is None else debug_checks
         self.readback = Readback(self.dev)
 
@@ -120,7 +119,7 @@ class SpecDecoder:
                 table.reserve(r.row, min(r.cached + 2 * self.ahead, self.limit[r.index]))
         table.flush()
         if self._rows is None:
-            self._rows = torch.tensor([r.row for r in reqs], dtype=torch.int64, device=self.dev)
+            self._rows = rows_tensor([r.row for r in reqs], self.dev)
         out = self.runner.run({"rows": self._rows})
         lanes = self.readback.fetch(out["packed"])
         w, d = self.S + 1, self.D

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from specverify.engine.device_state import Readback, RequestState, extend_batch, stop_mask
+from specverify.engine.device_state import (Readback, RequestState, extend_batch, graphs_allowed, rows_tensor,
+                                            stop_mask)
 from specverify.engine.logprobs import LogprobChannel
 from specverify.engine.prefill import prefill
 from specverify.engine.requests import Request, pages_needed
@@ -35,8 +36,7 @@ class TargetOnlyDecoder:
         self.profile = resolve(platform)
         self.dev = models.device
         self.pad_batches = self.dev.type == "cuda" if pad_batches is None else pad_batches
-        self.use_graphs = (cuda_graph and self.profile.cuda_graphs and self.dev.type == "cuda"
-                           and self.pad_batches)
+        self.use_graphs = graphs_allowed(models, cuda_graph, self.profile, self.pad_batches)
         self.readback = Readback(self.dev)
 
     def start(self, reqs: list[Request]) -> None:
@@ -79,8 +79,7 @@ class TargetOnlyDecoder:
                 table.reserve(r.row, min(r.cached + 1 + RESERVE_AHEAD, self.limit[r.index]))
         table.flush()
         if self._rows is None or len(self._rows[0]) != len(reqs):
-            self._rows = ([r.row for r in reqs], torch.tensor([r.row for r in reqs], dtype=torch.int64,
-                                                             device=self.dev))
+            self._rows = ([r.row for r in reqs], rows_tensor([r.row for r in reqs], self.dev))
         out = self.runner.run({"rows": self._rows[1]})
         lanes = self.readback.fetch(out["packed"])
         if self.channel is not None:

@@ -8,16 +8,16 @@ over, and the eager path (`use_graphs=False`) calls the function on the same pad
 replay and an eager call compute the same thing. Without padding (`pad_batches=False`, the CPU
 default of the decoders) the function runs at the live batch size.
 
-Capture discipline (why a capture is never retried):
+Capture discipline (a capture is never retried: a failure is a bug to fix, and it is raised):
+- the function reads no host data and makes no host read, so nothing in it can synchronize (the
+  tests run the captured cycle under torch.cuda.set_sync_debug_mode("error"));
 - the warm-up and the capture run on one stream of the runner's own, so every lazily created
   per-stream resource (the cuBLAS workspace of that stream, a kernel's module) exists before the
   capture starts;
 - the warm-up runs on pad-row inputs only: it executes every kernel the capture will record
   (they depend on shapes, not values) and touches no live request;
-- Python's garbage collector is off during the capture: a collection there could finalize an
-  object from an earlier call (a CUDA event, a pinned host buffer, a stream) whose release calls
-  into CUDA from inside the capture, which invalidates it. That is the failure the previous
-  runner papered over with a retry;
+- Python's garbage collector is off during the capture, so no finalizer of an earlier call's
+  object (a CUDA event, a pinned host buffer, a graph) can call into CUDA inside it;
 - the capture uses the strict (global) mode, so any forbidden call fails loudly, at once.
 """
 

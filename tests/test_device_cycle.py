@@ -1,0 +1,205 @@
+"""The speculative cycle on the device (issue 9), its padded-bucket path checked on the CPU.
+
+On CUDA a cycle runs at the shape of a batch-size bucket: the running rows, then lanes of the pad
+row up to the bucket. `SpecDecoder(pad_batches=True)` runs that same padded path eagerly on the
+CPU, so CPU CI checks what the graphs rely on:
+
+- the padded path decodes exactly as the live-shape path: per-request tokens, accept lengths and
+  the per-cycle traces (tree, accepted nodes, emitted tokens), greedy and sampled, chain and
+  tree drafts, page sizes 1 and 4, with requests finishing at different cycles (budgets, an EOS),
+  so the live batch shrinks across and inside buckets;
+- padded lanes never leak: after every step, each running request's K/V at its cached indices
+  (target and draft caches, read through its slot-table row), its device state row and its
+  recurrent state equal those of the live-shape run at the same point, and the pad row's table
+  row maps only to the sink slot.
+
+Both runs compute in float32 and are compared with torch.equal: no tolerance. (Rejected tree
+nodes and draft beams past a request's cached length may differ by an ulp between the two
+shapes, since a CPU GEMM's rounding can depend on its row count; nothing reads them, and they are
+not compared.) The steered drafts of tests/support/steering.py make accepted paths deep.
+
+The helpers here (`start_decoder`, `assert_same_live_state`) are shared with
+tests/test_cuda_graphs.py, which runs the graph-vs-eager versions of these checks on the device.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from specverify.engine.requests import new_requests
+from specverify.engine.sampling import SamplingParams
+from specverify.engine.speculative import SpecConfig, SpecDecoder
+from specverify.kernels.cuda_graph import bucket_for
+from specverify.models.kv_cache import SINK_SLOT
+from tests.support.cases import ragged_prompts, steered_cached_models
+
+VOCAB = 389                       # the tiny preset
+PROMPTS = ragged_prompts(23, 5, VOCAB, max_len=8)
+BUDGETS = [2, 11, 7, 10, 5]       # 5 requests (bucket 8) that finish at different cycles
+EOS_FROM = (1, 5)                 # the EOS: the token request 1 emits 6th in a run without one
+SEED = 11
+AGREEMENT = 0.8
+SAMPLING = {"greedy": SamplingParams(), "t0.7-topk20": SamplingParams(temperature=0.7, top_k=20)}
+SPECS = {(k, p): SpecConfig(num_steps=3, topk=k, num_draft_tokens=4 if k == 1 else 5, page_size=p)
+         for k in (1, 2) for p in (1, 4)}
+
+
+# -- helpers (also used by tests/test_cuda_graphs.py) --------------------------------------------
+
+def start_decoder(models, spec, params, prompts, budgets, *, eos, pad_batches, seed=SEED):
+    """A SpecDecoder after its prefill, recording traces; returns (decoder, requests)."""
+    reqs = new_requests(prompts, budgets)
+    dec = SpecDecoder(models, spec, params, seed=seed, eos_token_id=eos, pad_batches=pad_batches)
+    dec.traces = [[] for _ in reqs]
+    dec.start(reqs)
+    return dec, reqs
+
+
+def kv_at_cached(dec, req) -> list[torch.Tensor]:
+    """K and V of every layer, target then draft, at the request's cache indices [0, cached)."""
+    slots = dec.cache.table.req_to_token[req.row, :req.cached]
+    buffers = dec.cache.kv.k + dec.cache.kv.v + dec.cache.draft_kv.k + dec.cache.draft_kv.v
+    return [buf[slots] for buf in buffers]
+
+
+def state_rows(dec, req) -> dict[str, torch.Tensor]:
+    """Everything the decoder keeps on the device for the request's row."""
+    st, rs, row = dec.state, dec.state.requests, req.row
+    rows = {name: getattr(rs, name)[row] for name in ("seq_len", "pending", "emitted", "budget", "finished", "req_id")}
+    rows.update(kept_flat=st.kept_flat[row], kept_tokens=st.kept_tokens[row], beam_flat=st.beam_flat[row])
+    for i, buf in enumerate(dec.cache.states.state):
+        rows[f"recurrent[{i}]"] = buf[row]
+    return rows
+
+
+def assert_same_live_state(a, reqs_a, b, reqs_b, what: str) -> None:
+    """Two decoders of the same requests at the same point: the same requests run, with the same
+    outputs so far, and every running request's cached K/V and state rows are bit for bit equal."""
+    assert [r.finished for r in reqs_a] == [r.finished for r in reqs_b], f"{what}: different requests finished"
+    for ra, rb in zip(reqs_a, reqs_b):
+        assert ra.output == rb.output, f"{what}: request {ra.index} output {ra.output} != {rb.output}"
+        if ra.finished:
+            continue
+        assert ra.cached == rb.cached, f"{what}: request {ra.index} cached {ra.cached} != {rb.cached}"
+        for layer, (x, y) in enumerate(zip(kv_at_cached(a, ra), kv_at_cached(b, rb))):
+            assert torch.equal(x, y), \
+                f"{what}: request {ra.index}: K/V buffer {layer} (target K, V, then draft) differs at cached indices"
+        sa, sb = state_rows(a, ra), state_rows(b, rb)
+        for name in sa:
+            assert torch.equal(sa[name], sb[name]), \
+                f"{what}: request {ra.index}: state {name} {sa[name].tolist()} != {sb[name].tolist()}"
+
+
+def assert_pad_row_maps_to_sink(dec, what: str) -> None:
+    row = dec.cache.table.req_to_token[dec.pad_row]
+    assert bool((row == SINK_SLOT).all()), \
+        f"{what}: the pad row's table row maps cache indices {(row != SINK_SLOT).nonzero().flatten().tolist()} " \
+        f"to slots other than the sink"
+
+
+# -- the workload --------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def steered(hybrid: bool = False):
+    """float32 models, their draft steered for the workload (one pre-run covers every spec)."""
+    return steered_cached_models(AGREEMENT, PROMPTS, BUDGETS, list(SPECS.values()), compute_dtype="float32",
+                                 hybrid=hybrid)
+
+
+@functools.lru_cache(maxsize=None)
+def eos_for(sampling: str, topk: int, hybrid: bool) -> int:
+    """An EOS the run meets: the token request EOS_FROM[0] emits at index EOS_FROM[1] without one."""
+    dec, reqs = start_decoder(steered(hybrid), SPECS[topk, 1], SAMPLING[sampling], PROMPTS, BUDGETS, eos=None,
+                              pad_batches=False)
+    while dec.running():
+        dec.step()
+    r, i = EOS_FROM
+    return reqs[r].output[i]
+
+
+def lockstep(sampling, topk, page_size, *, hybrid=False, abort=None, each_step=None):
+    """The live-shape and the padded run of the workload, one step each at a time; returns
+    (live, padded) as (decoder, requests) and the running count before each step.
+    abort: a request index both runs abort after their first step. each_step(step, live, padded)
+    runs after every step."""
+    models, spec, params = steered(hybrid), SPECS[topk, page_size], SAMPLING[sampling]
+    eos = eos_for(sampling, topk, hybrid)
+    live = start_decoder(models, spec, params, PROMPTS, BUDGETS, eos=eos, pad_batches=False)
+    padded = start_decoder(models, spec, params, PROMPTS, BUDGETS, eos=eos, pad_batches=True)
+    running, step = [], 0
+    while live[0].running() or padded[0].running():
+        running.append(len(padded[0].running()))
+        for dec, _ in (live, padded):
+            dec.step()
+        step += 1
+        if abort is not None and step == 1:
+            for dec, reqs in (live, padded):
+                assert not reqs[abort].finished, "the request to abort finished in the first step"
+                dec.abort(reqs[abort])
+        if each_step is not None:
+            each_step(step, live, padded)
+    return live, padded, running
+
+
+def assert_power(live, running, budgets=BUDGETS) -> None:
+    """The workload exercises what the comparison is for."""
+    dec, reqs = live
+    assert max(n for r in reqs for n in r.accept_lengths) >= 2, "no cycle accepted a draft token"
+    eos = dec.eos
+    assert any(r.output[-1] == eos and len(r.output) < b for r, b in zip(reqs, budgets)), "no request stopped at EOS"
+    shrinks = [(a, b) for a, b in zip(running, running[1:]) if b < a]
+    assert any(bucket_for(a) != bucket_for(b) for a, b in shrinks), f"the batch never changed bucket: {running}"
+    assert any(bucket_for(a) == bucket_for(b) for a, b in shrinks), f"the batch never shrank inside a bucket: {running}"
+
+
+# -- tests ---------------------------------------------------------------------------------------
+
+def test_cpu_decoders_run_at_live_shapes_without_graphs_by_default():
+    models = steered()
+    dec, _ = start_decoder(models, SPECS[1, 1], SamplingParams(), PROMPTS, BUDGETS, eos=None, pad_batches=None)
+    assert dec.pad_batches is False and dec.use_graphs is False
+    padded, _ = start_decoder(models, SPECS[1, 1], SamplingParams(), PROMPTS, BUDGETS, eos=None, pad_batches=True)
+    assert padded.pad_batches is True and padded.use_graphs is False, "graphs exist only on CUDA"
+
+
+@pytest.mark.parametrize("page_size", [1, 4], ids=lambda p: f"page{p}")
+@pytest.mark.parametrize("topk", [1, 2], ids=lambda k: f"topk{k}")
+@pytest.mark.parametrize("sampling", list(SAMPLING))
+def test_padded_buckets_decode_exactly_as_live_shapes(sampling, topk, page_size):
+    readbacks = []
+    live, padded, running = lockstep(sampling, topk, page_size,
+                                     each_step=lambda step, lv, pd: readbacks.append(pd[0].readback.count))
+    (ld, lreqs), (pd, preqs) = live, padded
+    for lr, pr in zip(lreqs, preqs):
+        assert pr.output == lr.output, f"request {lr.index}: padded {pr.output} != live {lr.output}"
+        assert pr.accept_lengths == lr.accept_lengths, f"request {lr.index}: accept lengths differ"
+        assert pd.traces[lr.index] == ld.traces[lr.index], f"request {lr.index}: traces differ"
+        assert [len(c.emitted) for c in pd.traces[pr.index]] == pr.accept_lengths
+    assert_power(live, running)
+    # One readback per step (the prefill made the first), no graph on the CPU.
+    assert readbacks == list(range(2, len(running) + 2))
+    assert pd.runner.captures == 0 and pd.runner.pad_batches and not ld.runner.pad_batches
+
+
+@pytest.mark.parametrize("sampling, topk, page_size, hybrid", [
+    ("greedy", 2, 4, False),
+    ("t0.7-topk20", 1, 1, True),
+], ids=["greedy-topk2-page4", "sampled-topk1-page1-hybrid"])
+def test_padded_lanes_never_leak_into_live_requests(sampling, topk, page_size, hybrid):
+    """After every step (request 2 aborted after the first), every running request's cached K/V
+    and state rows equal the live-shape run's; the pad row owns no slot."""
+    steps = []
+
+    def check(step, live, padded):
+        what = f"after step {step}"
+        assert_same_live_state(padded[0], padded[1], live[0], live[1], what)
+        assert_pad_row_maps_to_sink(padded[0], what)
+        steps.append(step)
+
+    live, padded, running = lockstep(sampling, topk, page_size, hybrid=hybrid, abort=2, each_step=check)
+    assert len(steps) == len(running) >= 4
+    table = padded[0].cache.table
+    assert table.num_free_pages == table.num_pages - 1, "pages left allocated after every request finished"
