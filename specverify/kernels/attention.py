@@ -23,7 +23,8 @@ import triton.language as tl
 
 from specverify.kernels.launch import check_launchable, pick_impl
 
-BLOCK_N = 32        # cache indices per KV block of the Triton kernel
+BLOCK_N = 64        # cache indices per KV block of the Triton kernel (32: 0.33 TB/s, 64: 0.54 TB/s at
+                    # 8K context, bs 64, decode, H100; benchmarks/results/device_cycle-*.md)
 
 
 @triton.jit
@@ -136,7 +137,8 @@ def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_len
     n, nq, nh, hd = q.shape
     nkv = k_cache.shape[1]
     group = nh // nkv
-    out = torch.zeros((n, nq, nh, hd), dtype=torch.float32, device=q.device)
+    # Every (request, query lane, head) is stored by the kernel (zeros for padded lanes).
+    out = torch.empty((n, nq, nh, hd), dtype=torch.float32, device=q.device)
     if n == 0 or nq == 0:
         return out
     block_m = max(16, triton.next_power_of_2(group * nq))

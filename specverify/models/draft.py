@@ -29,6 +29,7 @@ class DraftHead:
         # Shared with the target, as EAGLE heads share the embedding and lm_head.
         self.embed = target_w["embed"]
         self.lm_head = target_w["lm_head"]
+        self.rotary = layers.RotaryTable(config.max_context, config.head_dim, config.rope_theta, self.device)
 
     def compute_logits(self, cache: ModelCache, batch: layers.Batch,
                        features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,7 +42,8 @@ class DraftHead:
         n = layers.rmsnorm(x, w["layer.attn_norm"], cfg.norm_eps)
         x = x + layers.attention(n, w, "layer", batch, cache.draft_kv.k[0], cache.draft_kv.v[0],
                                  cache.table.req_to_token, num_heads=cfg.num_heads,
-                                 num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, theta=cfg.rope_theta)
+                                 num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                                 rotary=self.rotary.at(batch.positions, x.dtype))
         x = x + layers.swiglu_mlp(x, w, "layer", cfg.norm_eps)
         return layers.rmsnorm(x, w["final_norm"], cfg.norm_eps) @ self.lm_head, x
 

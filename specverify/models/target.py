@@ -48,6 +48,7 @@ class TargetModel:
         self.w = {k: v.to(device=self.device, dtype=self.dtype) for k, v in weights.items()}
         self.attn_layers = [i for i, k in enumerate(config.layer_kinds) if k == "attention"]
         self.rec_layers = [i for i, k in enumerate(config.layer_kinds) if k == "recurrent"]
+        self.rotary = layers.RotaryTable(config.max_context, config.head_dim, config.rope_theta, self.device)
 
     def new_cache(self, *, max_requests: int, page_size: int = 1, num_pages: int | None = None,
                   with_draft: bool = True) -> ModelCache:
@@ -74,6 +75,7 @@ class TargetModel:
         """
         cfg, w = self.config, self.w
         h = w["embed"][batch.input_ids]                                    # [bs, q, H]
+        rotary = self.rotary.at(batch.positions, h.dtype)                  # shared by every attention layer
         rec_states = []
         for i, kind in enumerate(cfg.layer_kinds):
             p = f"layers.{i}"
@@ -82,7 +84,7 @@ class TargetModel:
                 a = self.attn_layers.index(i)
                 mixed = layers.attention(n, w, p, batch, cache.kv.k[a], cache.kv.v[a], cache.table.req_to_token,
                                          num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                                         head_dim=cfg.head_dim, theta=cfg.rope_theta)
+                                         head_dim=cfg.head_dim, rotary=rotary)
             else:
                 r = self.rec_layers.index(i)
                 mixed, inter = layers.recurrent(n, w, p, batch, cache.states.state[r],
