@@ -128,11 +128,13 @@ def _acc_dtype(q: torch.Tensor) -> torch.dtype:
 def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region, scale,
                          impl: str = "auto", block_n: int = BLOCK_N) -> torch.Tensor:
     """The kernel wrapper behind `specverify.ops.paged_attention` (inputs already checked).
+    tree_mask: bool or int8 (the engine converts it once per forward, not per layer).
 
     float64 queries always take the torch path (the Triton kernel accumulates in float32); on a
     GPU that path reads the longest live length back, so it is a precision mode, not a fast one."""
     if pick_impl(impl, q.device) == "torch" or q.dtype == torch.float64:
-        return _torch_attention(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region, scale)
+        return _torch_attention(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask.bool(), region,
+                                scale)
     check_launchable(_paged_attention_kernel, q.device)
     n, nq, nh, hd = q.shape
     nkv = k_cache.shape[1]

@@ -30,6 +30,7 @@ class DraftHead:
         self.embed = target_w["embed"]
         self.lm_head = target_w["lm_head"]
         self.rotary = layers.RotaryTable(config.max_context, config.head_dim, config.rope_theta, self.device)
+        layers.fuse_qkv(self.w, "layer")
 
     def compute_logits(self, cache: ModelCache, batch: layers.Batch,
                        features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,10 +41,10 @@ class DraftHead:
         cfg, w = self.config, self.w
         x = torch.cat([self.embed[batch.input_ids], features.to(self.embed.dtype)], dim=-1) @ w["fc"]
         n = layers.rmsnorm(x, w["layer.attn_norm"], cfg.norm_eps)
-        x = x + layers.attention(n, w, "layer", batch, cache.draft_kv.k[0], cache.draft_kv.v[0],
-                                 cache.table.req_to_token, num_heads=cfg.num_heads,
-                                 num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                                 rotary=self.rotary.at(batch.positions, x.dtype))
+        table = cache.table.req_to_token
+        x = x + layers.attention(n, w, "layer", batch, cache.draft_kv.k[0], cache.draft_kv.v[0], table,
+                                 layers.plan_attention(batch, table, self.rotary, x.dtype),
+                                 num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
         x = x + layers.swiglu_mlp(x, w, "layer", cfg.norm_eps)
         return layers.rmsnorm(x, w["final_norm"], cfg.norm_eps) @ self.lm_head, x
 

@@ -92,22 +92,43 @@ def chain_mask(bs: int, q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return mask.expand(bs, q, q), parents.expand(bs, q)
 
 
+@dataclasses.dataclass
+class AttentionPlan:
+    """What every attention layer of one forward shares, computed once per forward: the RoPE
+    cos / sin of its positions, the slots its new tokens write, and the tree mask as the kernel
+    reads it (int8)."""
+    rotary: tuple[torch.Tensor, torch.Tensor]
+    slots: torch.Tensor          # [bs * q] token slot of each new token (padding: the sink)
+    tree_mask: torch.Tensor      # [bs, q, region + q] int8
+
+
+def plan_attention(batch: Batch, req_to_token: torch.Tensor, rotary: RotaryTable, dtype: torch.dtype) -> AttentionPlan:
+    return AttentionPlan(rotary.at(batch.positions, dtype), batch.new_slots(req_to_token).flatten(),
+                         batch.tree_mask.to(torch.int8))
+
+
+def fuse_qkv(w: dict, prefix: str) -> None:
+    """Add `{prefix}.wqkv`, the q / k / v projections side by side: one matmul instead of three."""
+    w[f"{prefix}.wqkv"] = torch.cat([w[f"{prefix}.wq"], w[f"{prefix}.wk"], w[f"{prefix}.wv"]], dim=1)
+
+
 def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torch.Tensor,
-              v_cache: torch.Tensor, req_to_token: torch.Tensor, *, num_heads: int,
-              num_kv_heads: int, head_dim: int, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    # x: [bs, q, H] normed input; k_cache / v_cache: [slots, nkv, hd]
+              v_cache: torch.Tensor, req_to_token: torch.Tensor, plan: AttentionPlan, *, num_heads: int,
+              num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    # x: [bs, q, H] normed input; k_cache / v_cache: [slots, nkv, hd]; w holds `{prefix}.wqkv`.
     bs, q, _ = x.shape
-    qh = rope((x @ w[f"{prefix}.wq"]).view(bs, q, num_heads, head_dim), rotary)
-    kh = rope((x @ w[f"{prefix}.wk"]).view(bs, q, num_kv_heads, head_dim), rotary)
-    vh = (x @ w[f"{prefix}.wv"]).view(bs, q, num_kv_heads, head_dim)
-    slots = batch.new_slots(req_to_token).flatten()
-    k_cache[slots] = kh.reshape(-1, num_kv_heads, head_dim).to(k_cache.dtype)
-    v_cache[slots] = vh.reshape(-1, num_kv_heads, head_dim).to(v_cache.dtype)
+    qkv = (x @ w[f"{prefix}.wqkv"]).view(bs, q, num_heads + 2 * num_kv_heads, head_dim)
+    # RoPE on the query and key heads together, then the three apart (views).
+    qk = rope(qkv[:, :, :num_heads + num_kv_heads], plan.rotary)
+    qh, kh = qk[:, :, :num_heads], qk[:, :, num_heads:]
+    vh = qkv[:, :, num_heads + num_kv_heads:]
+    k_cache[plan.slots] = kh.reshape(-1, num_kv_heads, head_dim).to(k_cache.dtype)
+    v_cache[plan.slots] = vh.reshape(-1, num_kv_heads, head_dim).to(v_cache.dtype)
 
     # Paged attention over the slot pool: each request reads its live length from the device, so
     # the cost follows the live lengths (not max_context) also inside a captured graph.
     out = paged_attention_impl(qh, k_cache, v_cache, req_to_token, batch.rows, batch.kv_lens, batch.q_lens,
-                               batch.tree_mask, batch.region, 1.0 / math.sqrt(head_dim))
+                               plan.tree_mask, batch.region, 1.0 / math.sqrt(head_dim))
     return out.to(x.dtype).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
 
 

@@ -49,6 +49,8 @@ class TargetModel:
         self.attn_layers = [i for i, k in enumerate(config.layer_kinds) if k == "attention"]
         self.rec_layers = [i for i, k in enumerate(config.layer_kinds) if k == "recurrent"]
         self.rotary = layers.RotaryTable(config.max_context, config.head_dim, config.rope_theta, self.device)
+        for i in self.attn_layers:
+            layers.fuse_qkv(self.w, f"layers.{i}")
 
     def new_cache(self, *, max_requests: int, page_size: int = 1, num_pages: int | None = None,
                   with_draft: bool = True) -> ModelCache:
@@ -75,7 +77,7 @@ class TargetModel:
         """
         cfg, w = self.config, self.w
         h = w["embed"][batch.input_ids]                                    # [bs, q, H]
-        rotary = self.rotary.at(batch.positions, h.dtype)                  # shared by every attention layer
+        plan = layers.plan_attention(batch, cache.table.req_to_token, self.rotary, h.dtype)   # shared by the layers
         rec_states = []
         for i, kind in enumerate(cfg.layer_kinds):
             p = f"layers.{i}"
@@ -83,8 +85,8 @@ class TargetModel:
             if kind == "attention":
                 a = self.attn_layers.index(i)
                 mixed = layers.attention(n, w, p, batch, cache.kv.k[a], cache.kv.v[a], cache.table.req_to_token,
-                                         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                                         head_dim=cfg.head_dim, rotary=rotary)
+                                         plan, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                                         head_dim=cfg.head_dim)
             else:
                 r = self.rec_layers.index(i)
                 mixed, inter = layers.recurrent(n, w, p, batch, cache.states.state[r],
