@@ -39,14 +39,24 @@ def topk_stable(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     every number (NaNs by index), so no row ever yields a duplicate index.
 
     values: [N, M] float -> (vals [N, k], index [N, k] int64). The ranking runs on `order_key`
-    integers (exact ties, NaN defined); torch.topk promises no tie order, so the k-th key is found
-    with it and the boundary ties are resolved by index here. No host sync, so it is safe inside
-    a CUDA-graph capture.
+    integers (exact ties, NaN defined); torch.topk promises no tie order, so ties are resolved
+    here: for 32-bit keys (every dtype but float64) by packing the index into the key, for float64
+    by finding the k-th key and taking its boundary ties in index order. No host sync, so it is
+    safe inside a CUDA-graph capture.
     """
     n, m = values.shape
     key = order_key(values)
     if k == 1:
         index = torch.argmax(key, dim=-1, keepdim=True)              # first maximal index
+        return values.gather(-1, index), index
+    if key.dtype == torch.int32:
+        # One int64 per entry, all distinct: the order key in the high half, the index reversed
+        # in the low half. (value descending, index ascending) is then plain descending order,
+        # and torch.topk has no ties to break: no scan over the row, a handful of kernels.
+        reversed_index = (m - 1) - torch.arange(m, device=values.device)
+        packed = (key.to(torch.int64) << 32) | reversed_index
+        top = torch.topk(packed, k, dim=-1).values                   # sorted, descending
+        index = (m - 1) - (top & 0xFFFFFFFF)
         return values.gather(-1, index), index
     kth = torch.topk(key, k, dim=-1).values[:, -1:]                  # [N, 1]
     above = key > kth
