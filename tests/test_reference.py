@@ -522,7 +522,6 @@ def test_generate_spec_is_ignored(hybrid):
 
 def test_generate_logprobs(hybrid):
     out = reference.generate(hybrid, [[7, 1], [2]], max_new_tokens=3, temperature=1.5, seed=4, logprobs=4)
-    V = hybrid.config.vocab_size
     assert [len(x) for x in out.logprobs] == [len(t) for t in out.tokens]
     for r, prompt in enumerate([[7, 1], [2]]):
         seq = list(prompt)
@@ -535,8 +534,6 @@ def test_generate_logprobs(hybrid):
             assert len(rec.top) == 4
             assert [i for i, _ in rec.top] == torch.argsort(-lp, stable=True)[:4].tolist()
             assert all(a[1] >= b[1] for a, b in zip(rec.top, rec.top[1:]))
-            assert sum(math.exp(x) for x in torch.log_softmax(z, -1).tolist()) == pytest.approx(1.0)
-            assert 1 <= rec.rank <= V
             seq.append(rec.token)
 
 
