@@ -35,14 +35,15 @@ IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache",
                                 "*.obtained*", "*.egg-info")
 REQUIRED = {"name": str, "file": str, "target": str, "replacement": str, "why": str, "source": str,
             "tests": list}
-OPTIONAL = {"keyword": str, "fast": bool}
+OPTIONAL = {"keyword": str, "fast": bool, "needs": str}
+DEVICES = ("cuda",)          # what `needs` may name: a slice whose killing tests run only there
 NAME_RULE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 GUARDED_PACKAGES = ("specverify", "reference", "tests")
 GUARD_MODULE = "_specverify_mutant_guard"
 PYTEST_ARGS = ("-x", "-q", "-p", "no:cacheprovider", "-p", GUARD_MODULE, "-rfE", "--tb=line")
 DEFAULT_TIMEOUT_S = 600.0
 
-KILLED, SURVIVED, REFUSED = "killed", "survived", "refused"
+KILLED, SURVIVED, REFUSED, NOT_RUN = "killed", "survived", "refused", "not run"
 
 
 class ZooError(ValueError):
@@ -66,6 +67,7 @@ class Mutant:
     tests: tuple[str, ...]  # the slice: paths or node ids relative to the root
     keyword: str | None = None
     fast: bool = False
+    needs: str | None = None  # "cuda": the slice can only kill it on a CUDA machine
     origin: str = ""        # the zoo file it came from, for messages
 
     def slice_args(self) -> list[str]:
@@ -134,6 +136,10 @@ def _record_errors(record: dict, root: Path) -> list[str]:
         return errors
     if not NAME_RULE.fullmatch(record["name"]):
         errors.append(f"name {record['name']!r} must be kebab-case (lower-case letters, digits, single dashes)")
+    if "needs" in record and record["needs"] not in DEVICES:
+        errors.append(f"field 'needs' must be one of {list(DEVICES)}, got {record['needs']!r}")
+    if record.get("needs") and record.get("fast"):
+        errors.append("a mutant with 'needs' cannot be fast: CPU CI cannot kill it")
     if record["target"] == record["replacement"]:
         errors.append("replacement equals target: the mutant changes nothing")
     errors += filter(None, [_check_path(root, record["file"], "file")])
@@ -317,6 +323,14 @@ class Workspace:
             self._free.put(c)
         self._count = 0
         self._lock = threading.Lock()
+        self._devices: dict[str, bool] = {}
+
+    def has(self, device: str) -> bool:
+        """Whether this machine has `device`; asked once per run."""
+        with self._lock:
+            if device not in self._devices:
+                self._devices[device] = device_available(device)
+            return self._devices[device]
 
     def borrow(self) -> Path:
         return self._free.get()
@@ -421,8 +435,17 @@ def _tail(output: str, lines: int = 6) -> str:
 # the run over a selection
 
 
+def device_available(device: str) -> bool:
+    """Whether this machine has `device` (one of DEVICES), asked in a child process so the harness
+    itself never initialises a GPU context."""
+    probe = {"cuda": "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"}[device]
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
 def run_mutant(mutant: Mutant, ws: Workspace, timeout: float) -> Result:
     """Plant `mutant` in a borrowed copy, run its slice, restore the file."""
+    if mutant.needs and not ws.has(mutant.needs):
+        return Result(mutant.name, NOT_RUN, detail=f"needs a {mutant.needs} device; this machine has none")
     copy = ws.borrow()
     path = copy / mutant.file
     original = path.read_text(encoding="utf-8")
@@ -510,7 +533,12 @@ def _verdict(res: Result) -> str:
         return f"killed by {res.test}"
     if res.status == SURVIVED:
         return "SURVIVED" + (f" ({res.detail})" if res.detail else "")
+    if res.status == NOT_RUN:
+        return f"not run: {res.detail}"
     return f"REFUSED: {res.detail}"
+
+
+KILLED_CELL = {KILLED: "yes", SURVIVED: "no", NOT_RUN: "not run"}
 
 
 # ------------------------------------------------------------------------------------------
@@ -519,14 +547,17 @@ def _verdict(res: Result) -> str:
 
 def format_table(results: list[Result]) -> str:
     """The plain-text table: mutant, killed (yes / no / refused), first failing test, seconds."""
-    rows = [(r.name, {KILLED: "yes", SURVIVED: "no"}.get(r.status, "REFUSED"),
+    rows = [(r.name, KILLED_CELL.get(r.status, "REFUSED"),
              r.test if r.status == KILLED else r.detail, f"{r.seconds:.1f}") for r in results]
     head = ("mutant", "killed", "first failing test", "s")
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(3)]
     lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d:>6}" for a, b, c, d in [head, *rows]]
     killed = sum(r.killed for r in results)
+    not_run = sum(r.status == NOT_RUN for r in results)
     lines.append(f"{len(results)} mutants: {killed} killed, {sum(r.status == SURVIVED for r in results)} survived, "
-                 f"{sum(r.status == REFUSED for r in results)} refused; {sum(r.seconds for r in results):.0f} s")
+                 f"{sum(r.status == REFUSED for r in results)} refused"
+                 + (f", {not_run} not run (they need a device this machine lacks)" if not_run else "")
+                 + f"; {sum(r.seconds for r in results):.0f} s")
     return "\n".join(lines)
 
 
@@ -536,7 +567,7 @@ def markdown_table(results: list[Result], mutants: list[Mutant]) -> str:
     cell = lambda s: s.replace("|", "\\|").replace("\n", " ")   # noqa: E731
     lines = ["| mutant | killed | first failing test | s | why |", "|---|---|---|---:|---|"]
     for r in results:
-        killed = {KILLED: "yes", SURVIVED: "**no**"}.get(r.status, "**refused**")
+        killed = {**KILLED_CELL, SURVIVED: "**no**"}.get(r.status, "**refused**")
         by = f"`{r.test}`" if r.status == KILLED else cell(r.detail)
         lines.append(f"| `{r.name}` | {killed} | {cell(by)} | {r.seconds:.1f} | {cell(why.get(r.name, ''))} |")
     return "\n".join(lines) + "\n"
@@ -597,8 +628,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args) -> int:
-    """Exit status 0 when every selected mutant is killed; 1 if any survives or is refused; 2 when
-    the zoo or the copy cannot be used."""
+    """Exit status 0 when every selected mutant is killed (a mutant that needs a device this machine
+    lacks is reported `not run` and does not count); 1 if any survives or is refused; 2 when the
+    zoo or the copy cannot be used."""
     root = (args.root or default_root()).resolve()
     try:
         mutants = select(load_zoo(args.zoo or root / "tests" / "mutants", root), only=args.only, fast=args.fast)
@@ -615,4 +647,4 @@ def command(args) -> int:
     print(format_table(results))
     if args.markdown:
         Path(args.markdown).write_text(markdown_table(results, mutants))
-    return 0 if all(r.killed for r in results) else 1
+    return 0 if all(r.killed or r.status == NOT_RUN for r in results) else 1

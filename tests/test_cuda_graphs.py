@@ -6,6 +6,8 @@ sees an earlier call's rows), unknown inputs and wrong row shapes raise, `pad_ba
 the function at the live shape, graphs without padding are refused.
 
 `cuda` (skipped elsewhere; the CPU checks of the padded path are tests/test_device_cycle.py):
+- a capture survives an earlier runner's graph turning into cyclic garbage inside it (the
+  collector stays off while the runner captures: the root cause of the old capture failure);
 - the captured cycle runs under `torch.cuda.set_sync_debug_mode("error")` with exactly one
   readback per step (speculative, greedy and sampled, topk 1 and 4, and target-only), in a
   steady batch and in one where a request finishes inside the checked steps;
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import types
 import zlib
 
@@ -125,6 +128,49 @@ def test_runner_graphs_need_padded_buckets():
 
 
 # -- CUDA ----------------------------------------------------------------------------------------
+
+def doubling(buf):
+    return {"y": buf["x"] * 2, "s": buf["ids"].sum(1)}
+
+
+@pytest.mark.cuda
+def test_capture_survives_a_dead_graph_becoming_garbage_inside_it():
+    """The root cause of the capture failure the pre-issue-9 runner retried.
+
+    A decoder and its runner form a reference cycle (the runner holds the decoder's bound step
+    function), so a finished decoder's captured graphs are freed by the cyclic garbage collector,
+    at whatever allocation starts a collection. A graph destroyed while another capture is under
+    way invalidates that capture (benchmarks/experiments/capture_probe.py: global and thread-local
+    modes alike). The runner keeps the collector off while it captures. Here an earlier runner's
+    graph becomes cyclic garbage inside the capture, and the step function then does what an
+    automatic collection at that allocation would do: collect, if the collector is enabled."""
+    pad = {k: v.cuda() for k, v in PAD.items()}
+    earlier = BucketGraphRunner(doubling, pad, use_graphs=True)
+    call(earlier, [1.0, 2.0])
+    assert earlier.captures == 1
+    cycle = {"runner": earlier}
+    cycle["self"] = cycle
+    keep = [cycle]
+    del cycle, earlier
+    collections = []
+
+    def step(buf):
+        if torch.cuda.is_current_stream_capturing():
+            keep.clear()                              # the earlier graph: now cyclic garbage
+            if gc.isenabled():
+                collections.append(gc.collect())
+        return doubling(buf)
+
+    was_enabled = gc.isenabled()
+    runner = BucketGraphRunner(step, pad, use_graphs=True)
+    out = call(runner, [1.5, -3.0, 4.0])
+    torch.cuda.synchronize()
+    assert collections == [], "the collector ran inside the capture"
+    assert gc.isenabled() == was_enabled, "the runner did not restore the collector"
+    assert out["y"].tolist() == [3.0, -6.0, 8.0] and out["s"].tolist() == [1, 5, 9]
+    out = call(runner, [0.25, 7.0, 1.0])             # a replay of the same bucket
+    assert out["y"].tolist() == [0.5, 14.0, 2.0] and runner.captures == 1
+
 
 @functools.lru_cache(maxsize=8)
 def gpu_models(compute_dtype="float32", logits_dtype="float32", hybrid=False):

@@ -16,8 +16,11 @@ Capture discipline (a capture is never retried: a failure is a bug to fix, and i
   capture starts;
 - the warm-up runs on pad-row inputs only: it executes every kernel the capture will record
   (they depend on shapes, not values) and touches no live request;
-- Python's garbage collector is off during the capture, so no finalizer of an earlier call's
-  object (a CUDA event, a pinned host buffer, a graph) can call into CUDA inside it;
+- Python's garbage collector runs before the capture and is off during it. A decoder and its
+  runner form a reference cycle, so a finished decoder's graphs are freed by the collector, and
+  a graph destroyed while another capture is under way invalidates that capture (global and
+  thread-local modes alike). That was the failure the previous runner retried; the evidence is
+  benchmarks/results/capture_root_cause-nvidia-h100.md;
 - the capture uses the strict (global) mode, so any forbidden call fails loudly, at once.
 """
 

@@ -110,6 +110,8 @@ def test_load_zoo_reads_every_file_in_name_order(tmp_path):
     (lambda t: t.replace('name = "add-subtracts"', 'name = "Add_Subtracts"'), "must be kebab-case"),
     (lambda t: t.replace("return a - b", "return a + b"), "replacement equals target"),
     (lambda t: t.replace("specverify/__init__.py", "../outside.py"), "must be a relative path inside"),
+    (lambda t: t + 'needs = "tpu"\n', "field 'needs' must be one of ['cuda'], got 'tpu'"),
+    (lambda t: t + 'needs = "cuda"\nfast = true\n', "a mutant with 'needs' cannot be fast"),
 ])
 def test_bad_record_is_an_error_naming_the_file_and_the_mutant(tmp_path, edit, message):
     tree = make_tree(tmp_path, zoo=edit(mutant_toml(KILLED)))
@@ -204,6 +206,31 @@ def test_kill_names_the_failing_test_a_survivor_fails_the_run_and_the_tree_is_un
 
 def test_all_killed_is_exit_0(tmp_path):
     assert run_cli(make_tree(tmp_path, zoo=mutant_toml(KILLED))) == 0
+
+
+@pytest.mark.parametrize("has_cuda", [False, True], ids=["no-cuda", "cuda"])
+def test_a_mutant_that_needs_cuda_runs_only_where_cuda_is(tmp_path, capsys, monkeypatch, has_cuda):
+    asked = []
+    monkeypatch.setattr(mutants, "device_available", lambda device: asked.append(device) or has_cuda)
+    zoo = mutant_toml(KILLED).replace('tests = ["tests/test_add.py"]', 'tests = ["tests/test_add.py"]\nneeds = "cuda"')
+    zoo += mutant_toml(dict(KILLED, name="add-multiplies", replacement="return a * b")).replace(
+        'tests = ["tests/test_add.py"]', 'tests = ["tests/test_add.py"]\nneeds = "cuda"')
+    tree = make_tree(tmp_path, zoo=zoo)
+    assert [m.needs for m in mutants.load_zoo(tree / "tests/mutants", tree)] == ["cuda", "cuda"]
+    assert run_cli(tree) == 0
+    assert asked == ["cuda"], "the device is asked about once per run"
+    table = capsys.readouterr().out.split("mutant ", 1)[1].splitlines()
+    if has_cuda:
+        assert table[1].split()[:2] == ["add-subtracts", "yes"]
+        assert "2 mutants: 2 killed, 0 survived, 0 refused;" in table[3]
+    else:
+        assert table[1].split()[:4] == ["add-subtracts", "not", "run", "needs"]
+        assert "2 mutants: 0 killed, 0 survived, 0 refused, 2 not run" in table[3]
+
+
+def test_device_available_asks_a_child_process():
+    import torch
+    assert mutants.device_available("cuda") is torch.cuda.is_available()
 
 
 def test_a_slice_that_never_imports_the_mutated_file_is_reported(tmp_path):
