@@ -13,17 +13,20 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 - `eagle` (`generate_speculative`, `SpecReferenceOutput`, `RequestTrace`, `CycleTrace`, `NearTie`):
   a cache-free EAGLE speculative decoder that returns its per-cycle trace and flags near-ties;
 - `paged_attention`: attention of new queries over a paged KV cache, by plain loops;
+- `create_draft_kv_indices` / `decode_attention_indexed`: naive EAGLE's flat KV index list of the
+  fused verify, and decode attention over an explicit slot list per query;
 - `legacy_encode` / `legacy_decode` / `packed_header` / `split_header` / `packed_decode`: the
   speculative logprob message read byte by byte (docs/protocol.md).
 """
 
 from reference import eagle
-from reference.attention import paged_attention
+from reference.attention import decode_attention_indexed, paged_attention
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
 from reference.logits import ConvertedLogits, convert_logits, greedy_token, row_scale
 from reference.model import forward, forward_logits, tree_node_logits
+from reference.naive_eagle_kv import create_draft_kv_indices
 from reference.protocol import (
     DEFAULT_PROTOCOL_CAPACITY,
     ProtocolCapacity,
@@ -59,6 +62,8 @@ __all__ = [
     "build_tree",
     "convert_logits",
     "counter_uniform",
+    "create_draft_kv_indices",
+    "decode_attention_indexed",
     "draw",
     "emitted_path_probability",
     "filtered_probs",

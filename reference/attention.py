@@ -7,6 +7,10 @@ request, head, query and key). The contract of `paged_attention`:
   t < kv_lens[b] and t = kv_lens[b] + r for r < region + q_lens[b] with tree_mask[b][j][r];
 - its output is sum_t w_t v_t with w the softmax of scale * <q, k_t> over the keys it sees
   (scale default 1 / sqrt(dim)); a padded lane, or a query that sees no key, is all zeros.
+
+And of `decode_attention_indexed`: query i (of q [N][num_heads][dim]) sees the slots
+kv_indices[kv_indptr[i]], ..., kv_indices[kv_indptr[i + 1] - 1], in that order, and nothing else;
+the same softmax-weighted sum, and zeros for an empty list.
 """
 
 from __future__ import annotations
@@ -50,4 +54,38 @@ def paged_attention(*, q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens,
                 total = sum(weights)
                 for w, t in zip(weights, visible):
                     out[b, j, h] += (w / total) * values[int(slots_of[t]), kvh]
+    return out
+
+
+def _attend(query, slots, keys, values, kvh, scale) -> np.ndarray:
+    """sum_t w_t v_t over `slots`, w the softmax of scale * <query, k_t> (float64, loops)."""
+    scores = []
+    for slot in slots:
+        dot = 0.0
+        for d in range(len(query)):
+            dot += query[d] * keys[slot, kvh, d]
+        scores.append(scale * dot)
+    top = max(scores)
+    weights = [math.exp(s - top) for s in scores]
+    total = sum(weights)
+    out = np.zeros(len(query), dtype=np.float64)
+    for w, slot in zip(weights, slots):
+        out += (w / total) * values[slot, kvh]
+    return out
+
+
+def decode_attention_indexed(q, k_cache, v_cache, kv_indptr, kv_indices, *, scale) -> np.ndarray:
+    """-> float64 array [N, num_heads, dim]. Array-likes in; values read as float64."""
+    q = np.asarray(q, dtype=np.float64)
+    keys = np.asarray(k_cache, dtype=np.float64)
+    values = np.asarray(v_cache, dtype=np.float64)
+    n, nh, dim = q.shape
+    group = nh // keys.shape[1]
+    out = np.zeros((n, nh, dim), dtype=np.float64)
+    for i in range(n):
+        slots = [int(kv_indices[p]) for p in range(int(kv_indptr[i]), int(kv_indptr[i + 1]))]
+        if not slots:
+            continue
+        for h in range(nh):
+            out[i, h] = _attend(q[i, h], slots, keys, values, h // group, float(scale))
     return out

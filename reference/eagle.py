@@ -13,7 +13,11 @@ forwards. One request at a time:
   n + i) after the rows of its ancestor beams, and it sees all of them and itself;
 - **selection / tree / verify**: 6.1 (top-k of the upcast logits, float64 softmax of the
   dequantized row as p, float32 for the scores), 6.2 (beams chosen step by step), 6.3 / 6.4 with
-  the explicit uniforms of 6.5; EOS / max_new_tokens cut as section 5.
+  the explicit uniforms of 6.5; EOS / max_new_tokens cut as section 5;
+- **penalties** (section 7): a target row is penalized by the prompt and the output its logits
+  follow: the tokens emitted before the cycle and, for a tree node, the drafts on the walk's path
+  down to it (the walk is the path: a node's row is computed when the walk reaches it). The draft
+  head is never penalized.
 
 The trace of a request is one `CycleTrace` per speculative cycle: the tree's tokens and parents,
 the accepted nodes, the tokens emitted (after the cut). Every decision is also audited for how
@@ -39,6 +43,11 @@ Margins and thresholds (the optimized decoder is assumed to compute in float64 t
   of probabilities compared with a constant (u < acc, top-p mass) needs a relative gap > eps; two
   probabilities compared with each other (top-k boundary, min-p threshold, the inverse-CDF
   draw) need > 2 eps.
+- **Penalized rows**: the penalties are monotone in each logit, so a penalized interval is the
+  penalties of the dequantized interval's ends; the greedy rule over penalized values is a near-tie
+  unless its winner stays first over those intervals (equal logits with the same penalties are
+  structural ties). A repetition penalty r stretches a spread of dequantized values by at most
+  max(r, 1/r), and the sampling uncertainty above uses the stretched width.
 - **Draft probabilities and scores**: the optimized decoder takes draft p from a float32
   softmax, which differs from the float64 softmax rounded to float32 by up to V * 2^-24
   (~2.3e-5 for the tiny vocab of 389; 1.3e-6 measured on random rows). `REL_DRAFT_P = 3e-5` per
@@ -58,7 +67,17 @@ import torch
 
 from reference.logits import FP8_FORMATS, convert_logits, row_scale
 from reference.model import forward, rmsnorm, rope, silu
-from reference.sampling import counter_uniform, draw, filtered_probs, order_desc, softmax
+from reference.sampling import (
+    apply_penalties,
+    check_penalties,
+    counter_uniform,
+    draw,
+    filtered_probs,
+    first_max_index,
+    order_desc,
+    penalties_active,
+    softmax,
+)
 from reference.spec import topk_order
 from reference.generate import MIN_TEMPERATURE
 
@@ -133,6 +152,8 @@ class _Row:
     hi: np.ndarray         # [V] largest
     width: float           # largest spread of a dequantized value over the interval
     scale: float           # |finite z| max (1 if none): the unit of logit margins
+    dlo: np.ndarray        # [V] smallest dequantized value within the uncertainty interval
+    dhi: np.ndarray        # [V] largest
 
 
 def _row(config, z) -> _Row:
@@ -156,7 +177,8 @@ def _row(config, z) -> _Row:
     deq = np.stack([c.dequant for c in convs])
     with np.errstate(invalid="ignore"):   # -inf - -inf where a draft row was steered to -inf
         spread = np.where(np.isfinite(deq).all(0), deq.max(0) - deq.min(0), 0.0)
-    return _Row(z, nominal.upcast, nominal.dequant, ups.min(0), ups.max(0), float(spread.max()), big or 1.0)
+    return _Row(z, nominal.upcast, nominal.dequant, ups.min(0), ups.max(0), float(spread.max()), big or 1.0,
+                deq.min(0), deq.max(0))
 
 
 def _before(row: _Row, a: int, b) -> tuple[np.ndarray, np.ndarray]:
@@ -235,6 +257,17 @@ class _Params:
     min_p: float
     eos: int | None
     hook: object
+    repetition: float = 1.0
+    frequency: float = 0.0
+    presence: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return penalties_active(self.repetition, self.frequency, self.presence)
+
+    def penalize(self, z, context) -> list:
+        """Section 7 on a dequantized row; context = (prompt tokens, output tokens so far)."""
+        return apply_penalties(z, context[0], context[1], self.repetition, self.frequency, self.presence)
 
 
 @dataclass
@@ -277,6 +310,26 @@ def _audit_order(audit: _Audit, decision: str, ranked: list, n: int, keep_order:
             continue   # structural tie: the flat index decides on both sides
         gap = float(a.score - b.score) / float(max(a.score, b.score))
         audit.note(decision, f"flat {a.flat} before {b.flat}", gap, a.unc + b.unc)
+
+
+def _penalized_greedy(row: _Row, prm: _Params, context) -> tuple[int, bool, float]:
+    """Greedy over the penalized dequantized row (section 7): (token, whether every value in the
+    penalized intervals keeps it first, the smallest relative gap to another token)."""
+    nominal, lo, hi = (prm.penalize(values, context) for values in (row.dequant, row.dlo, row.dhi))
+    a = first_max_index(nominal)
+    counts = {}
+    for t in context[1]:
+        counts[t] = counts.get(t, 0) + 1
+    prompt = set(context[0])
+    stable, margin = True, math.inf
+    for b in range(len(nominal)):
+        same_penalty = (b in prompt) == (a in prompt) and counts.get(b, 0) == counts.get(a, 0)
+        if b == a or (row.z[b] == row.z[a] and same_penalty):
+            continue   # structural: equal values on both sides, the index decides
+        stable = stable and (lo[a] > hi[b] or (lo[a] == hi[b] and a < b))
+        with np.errstate(invalid="ignore"):
+            margin = min(margin, float((nominal[a] - nominal[b]) / row.scale))
+    return a, stable, margin
 
 
 def _select(audit: _Audit, cfg, prm: _Params, z: torch.Tensor, where: str):
@@ -335,13 +388,17 @@ def _draft_tree(audit: _Audit, models, prm: _Params, r: int, seq: list, hidden: 
     return [seq[-1]] + [c.token for c in kept], parents
 
 
-def _sampling_row(audit: _Audit, cfg, prm: _Params, z, where: str):
+def _sampling_row(audit: _Audit, cfg, prm: _Params, z, where: str, context=None):
     """Section 4's distribution of one target row (float64) and its relative uncertainty; audits
-    the filters' boundaries."""
+    the filters' boundaries. context: (prompt, output so far) when penalties are on (section 7)."""
     row = _row(cfg, z)
     T = prm.temperature
-    eps = math.expm1(2 * row.width / T) + REL_PROB
+    width = row.width
     d = [float(x) for x in row.dequant]
+    if context is not None:
+        d = prm.penalize(d, context)
+        width = width * max(prm.repetition, 1.0 / prm.repetition)
+    eps = math.expm1(2 * width / T) + REL_PROB
     p = softmax([x / T for x in d])
     V = len(p)
     if 0 < prm.top_k < V:
@@ -389,8 +446,11 @@ def _audit_draw(audit: _Audit, decision: str, where: str, p: list, target: float
     audit.note(decision, f"{where}: fallback to the last positive", 0.0, 2 * eps)
 
 
-def _verify(audit: _Audit, models, prm: _Params, seq: list, root_z, tokens: list, parents: list, u):
-    """6.3 / 6.4 from the root; node rows computed as the walk reaches them.
+def _verify(audit: _Audit, models, prm: _Params, seq: list, root_z, tokens: list, parents: list, u,
+            prompt: list, output: list):
+    """6.3 / 6.4 from the root; node rows computed as the walk reaches them. prompt, output: the
+    request's prompt and the tokens it emitted before this cycle (the root included), the context
+    of the penalties (section 7), to which a node adds the drafts on its path.
     Returns (accepted nodes [S+1], the bonus token, hidden states along the path)."""
     cfg, tw = models.config, models.target_weights
     children = [[j for j in range(1, len(tokens)) if parents[j] == i] for i in range(len(tokens))]
@@ -402,12 +462,16 @@ def _verify(audit: _Audit, models, prm: _Params, seq: list, root_z, tokens: list
         if cur not in rows:
             rows[cur] = forward(cfg, tw, seq + [tokens[j] for j in path[1:]])[0][-1]
         where = f"node {cur}"
+        context = (prompt, output + [tokens[j] for j in path[1:]]) if prm.penalized else None
         if greedy:
             row = _row(cfg, rows[cur])
-            (predict,), stable, margin = _ordered(row, 1)
+            if context is None:
+                (predict,), stable, margin = _ordered(row, 1)
+            else:
+                predict, stable, margin = _penalized_greedy(row, prm, context)
             audit.note("target_greedy", where, margin, 0.0, stable)
         else:
-            probs, eps = _sampling_row(audit, cfg, prm, rows[cur], where)
+            probs, eps = _sampling_row(audit, cfg, prm, rows[cur], where, context)
         accepted, rejected, acc = -1, [], 0.0
         if len(path) - 1 < prm.S:
             for child in children[cur]:   # sibling order
@@ -447,11 +511,15 @@ def _decode(models, prm: _Params, r: int, prompt: list, budget: int, seed: int) 
     audit = _Audit(trace)
     seq = list(prompt)
     root_z = forward(cfg, tw, seq)[0][-1]
+    context = (list(prompt), []) if prm.penalized else None     # the prompt; no output yet
     if prm.temperature == 0:
-        (first,), stable, margin = _ordered(_row(cfg, root_z), 1)
+        if context is None:
+            (first,), stable, margin = _ordered(_row(cfg, root_z), 1)
+        else:
+            first, stable, margin = _penalized_greedy(_row(cfg, root_z), prm, context)
         audit.note("prefill", "greedy token", margin, 0.0, stable)
     else:
-        probs, eps = _sampling_row(audit, cfg, prm, root_z, "prefill")
+        probs, eps = _sampling_row(audit, cfg, prm, root_z, "prefill", context)
         u0 = counter_uniform(seed, r, len(prompt) - 1, 0)   # section 4: the token after position P - 1
         first = draw(probs, u0)
         _audit_draw(audit, "prefill", "sampled token", probs, u0, 1.0, eps)
@@ -464,7 +532,7 @@ def _decode(models, prm: _Params, r: int, prompt: list, budget: int, seed: int) 
         tokens, parents = _draft_tree(audit, models, prm, r, seq, hidden)
         n = len(seq) - 1                              # 6.5: the root position (K/V cached for 0..n-1)
         u = None if prm.temperature == 0 else [counter_uniform(seed, r, n, j) for j in range(prm.D + 1)]
-        accepted, bonus = _verify(audit, models, prm, seq, logits[-1], tokens, parents, u)
+        accepted, bonus = _verify(audit, models, prm, seq, logits[-1], tokens, parents, u, prompt, list(trace.tokens))
         produced = [tokens[j] for j in accepted[1:] if j >= 0] + [bonus]
         emitted = []
         for t in produced:
@@ -484,7 +552,8 @@ def _is_int(x) -> bool:
 
 def generate(models, prompts, *, spec_num_steps: int, topk: int, num_draft_tokens: int | None = None,
              max_new_tokens, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-             seed: int = 0, eos_token_id: int | None = None, draft_logits_hook=None) -> SpecReferenceOutput:
+             seed: int = 0, eos_token_id: int | None = None, draft_logits_hook=None, repetition_penalty: float = 1.0,
+             frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> SpecReferenceOutput:
     """EAGLE speculative decoding of every prompt, cache-free, with the per-cycle trace.
 
     models: needs `config`, `target_weights` and `draft_weights` (float64 masters).
@@ -494,6 +563,8 @@ def generate(models, prompts, *, spec_num_steps: int, topk: int, num_draft_token
     draft_logits_hook(req_index, positions [1] int64, tokens [1] int64, logits [1, V] float64)
     -> logits: applied to every draft-head row's float64 logits before their conversion (how a
     test steers the draft, as the optimized side's draft wrapper does).
+    repetition_penalty, frequency_penalty, presence_penalty: section 7, on every target row (the
+    prefill's, each tree node's with the drafts on its path); the draft head is not penalized.
     """
     S, k = spec_num_steps, topk
     D = S + 1 if num_draft_tokens is None else num_draft_tokens
@@ -512,6 +583,7 @@ def generate(models, prompts, *, spec_num_steps: int, topk: int, num_draft_token
     if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
         raise ValueError(f"temperature: must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE!r}, "
                          f"got {temperature!r}")
-    prm = _Params(k, S, D, float(temperature), top_k, top_p, min_p, eos_token_id, draft_logits_hook)
+    penalties = check_penalties(repetition_penalty, frequency_penalty, presence_penalty)
+    prm = _Params(k, S, D, float(temperature), top_k, top_p, min_p, eos_token_id, draft_logits_hook, *penalties)
     traces = [_decode(models, prm, r, [int(t) for t in p], b, seed) for r, (p, b) in enumerate(zip(prompts, budgets))]
     return SpecReferenceOutput([t.tokens for t in traces], traces)

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from reference.logits import convert_logits, greedy_token
 from reference.model import forward_logits
-from reference.sampling import counter_uniform, sample_token
+from reference.sampling import (
+    apply_penalties,
+    check_penalties,
+    counter_uniform,
+    first_max_index,
+    penalties_active,
+    sample_token,
+)
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,9 @@ def generate(
     eos_token_id=None,
     logprobs=0,
     spec=None,
+    repetition_penalty=1.0,
+    frequency_penalty=0.0,
+    presence_penalty=0.0,
 ) -> ReferenceOutput:
     """Target-only decoding of every prompt with the float64 master weights.
 
@@ -134,12 +144,18 @@ def generate(
     (1 + count of tokens with strictly greater logprob) and the top-N (token, logprob) pairs
     ordered by logprob descending, then token index ascending.
     spec: ignored; the reference is always target-only.
+    repetition_penalty (in [1e-18, 1e18], 1 = off), frequency_penalty, presence_penalty (in [-2, 2],
+    0 = off): section 7. With any of them on, each row's dequantized logits are penalized by the
+    prompt and the tokens emitted so far, then greedy takes the first maximal index of the
+    penalized float64 values and sampling filters them; logprobs stay those of the raw row.
     Raises ValueError naming the argument and its bound for invalid input.
     """
     del spec  # the reference never speculates
     config = models.config
     weights = models.target_weights
     per_request = _validate(config, prompts, max_new_tokens, temperature, top_k, top_p, min_p, seed, eos_token_id, logprobs)
+    penalties = check_penalties(repetition_penalty, frequency_penalty, presence_penalty)
+    penalized = penalties_active(*penalties)
 
     all_tokens = []
     all_logprobs = []
@@ -150,11 +166,14 @@ def generate(
         for t in range(per_request[r]):
             row = forward_logits(config, weights, sequence)[-1]  # [V] float64
             converted = convert_logits(config, row)
+            z = converted.dequant
+            if penalized:
+                z = apply_penalties(z, prompt, emitted, *penalties)    # the output so far: `emitted`
             if temperature == 0:
-                token = greedy_token(converted.upcast)
+                token = first_max_index(z) if penalized else greedy_token(converted.upcast)
             else:
                 u = counter_uniform(seed, r, len(sequence) - 1, 0)   # len(sequence) - 1 = P_r - 1 + t
-                token = sample_token(converted.dequant, u, temperature, top_k, top_p, min_p)
+                token = sample_token(z, u, temperature, top_k, top_p, min_p)
             emitted.append(token)
             if logprobs > 0:
                 records.append(logprob_record(converted.dequant, token, logprobs))

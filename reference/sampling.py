@@ -2,7 +2,10 @@
 
 `filtered_probs` applies temperature, top-k, top-p and min-p in that order; `draw` is the
 inverse-CDF draw in vocabulary order; `counter_uniform` is the uniform u(seed, request, position,
-draw) that every sampled decision uses (sections 4 and 6.5).
+draw) that every sampled decision uses (sections 4 and 6.5). `apply_penalties` is section 7: the
+repetition, frequency and presence penalties of a row, computed from the token lists of its
+context (prompt, output so far) before any of the above; `first_max_index` is greedy over the
+penalized values.
 """
 
 from __future__ import annotations
@@ -128,3 +131,68 @@ def counter_uniform(seed: int, request: int, position: int, draw: int) -> float:
     high = lanes[0] // 2**5        # the top 27 bits of lane 0
     low = lanes[1] // 2**6         # the top 26 bits of lane 1
     return (high * 2**26 + low) / 2**53
+
+
+# ---------------------------------------------------------------------------------------------
+# Penalties (docs/semantics.md section 7), restated here from the page.
+
+REPETITION_BOUNDS = (1e-18, 1e18)   # max(r, 1/r) <= 1e18 keeps every penalized logit finite
+ADDITIVE_BOUND = 2.0                # frequency and presence penalties lie in [-2, 2]
+
+
+def check_penalties(repetition_penalty, frequency_penalty, presence_penalty) -> tuple[float, float, float]:
+    """The three penalties as floats, or a ValueError naming the argument and its bound."""
+    lo, hi = REPETITION_BOUNDS
+    bounds = (("repetition_penalty", repetition_penalty, lo, hi, "1 = off"),
+              ("frequency_penalty", frequency_penalty, -ADDITIVE_BOUND, ADDITIVE_BOUND, "0 = off"),
+              ("presence_penalty", presence_penalty, -ADDITIVE_BOUND, ADDITIVE_BOUND, "0 = off"))
+    values = []
+    for name, value, low, high, off in bounds:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name}: must be a real number in [{low:g}, {high:g}] ({off}), got {value!r}")
+        if not low <= float(value) <= high:   # NaN fails both comparisons
+            raise ValueError(f"{name}: must be in [{low:g}, {high:g}] ({off}), got {value!r}")
+        values.append(float(value))
+    return values[0], values[1], values[2]
+
+
+def penalties_active(repetition_penalty: float, frequency_penalty: float, presence_penalty: float) -> bool:
+    return repetition_penalty != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0
+
+
+def apply_penalties(z, prompt, output, repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                    presence_penalty: float = 0.0) -> list[float]:
+    """One row of dequantized logits z, penalized by its context.
+
+    prompt: the prompt's token ids; output: every token generated so far (the context's tokens after
+    the prompt). A token seen in either is divided by the repetition penalty when its logit is > 0,
+    multiplied by it otherwise (a presence test: how often it occurs does not matter). A token the
+    output holds c > 0 times then loses frequency_penalty * c, and presence_penalty once."""
+    counts = {}
+    for t in output:
+        counts[t] = counts.get(t, 0) + 1
+    seen = set(prompt) | set(counts)
+    row = []
+    for i, x in enumerate(z):
+        x = float(x)
+        if i in seen and repetition_penalty != 1.0:
+            x = x / repetition_penalty if x > 0 else x * repetition_penalty
+        c = counts.get(i, 0)
+        if c > 0:
+            x = x - frequency_penalty * c
+            x = x - presence_penalty
+        row.append(x)
+    return row
+
+
+def first_max_index(values) -> int:
+    """Greedy over float64 values: the first index of the maximum, a NaN ranking above everything
+    (the first NaN wins), as for the upcast logits of section 3."""
+    best = None
+    for i, x in enumerate(values):
+        x = float(x)
+        if math.isnan(x):
+            return i
+        if best is None or x > values[best]:
+            best = i
+    return best

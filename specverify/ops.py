@@ -1,6 +1,7 @@
 """Public speculative-decoding ops (docs/semantics.md section 6).
 
-Each op here has a reference twin in `reference/` (spec.py, attention.py); the op registry in tests pairs them.
+Each op here has a reference twin in `reference/` (spec.py, attention.py, naive_eagle_kv.py); the op registry
+in tests pairs them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import torch
 from specverify import dtypes
 from specverify.kernels.argmax import row_argmax
 from specverify.kernels.attention import paged_attention_impl
+from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
+from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import pick_impl
 from specverify.platform import PlatformProfile, capturing, resolve
 
@@ -235,3 +238,156 @@ def paged_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
             raise ValueError(f"req_to_token entries of live cache indices must be slots in [0, {num_slots})")
     return paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region,
                                 float(scale), impl=impl)
+
+
+# ---------------------------------------------------------------------------------------------
+# naive EAGLE (docs/semantics.md 6.6): the flattened KV index list of the fused verify, and the
+# decode attention that reads it
+
+INDEX_TORCH_DTYPES = (torch.int32, torch.int64)
+
+
+def _index_tensor(name: str, t, ndim: int, what: str, device) -> None:
+    """A tensor of `ndim` dims, int32 or int64, on `device` (None: any)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {what} int32 or int64, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {what}, got shape {tuple(t.shape)}")
+    if t.dtype not in INDEX_TORCH_DTYPES:
+        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the others on {device}: all inputs must be on one device")
+
+
+def _value_checks(checked: bool | None, device: torch.device) -> bool:
+    """Whether to run the value checks, which read tensor values on the host. checked=None: only
+    where that costs no device sync (CPU tensors); True: everywhere but inside a CUDA-graph capture
+    (one device read; the engines' SPECVERIFY_DEBUG_CHECKS mode); False: never."""
+    if checked is not None and not isinstance(checked, bool):
+        raise TypeError(f"checked must be True, False or None, got {type(checked).__name__}")
+    if checked is None:
+        return device.type == "cpu"
+    return checked and not capturing(device)
+
+
+def create_draft_kv_indices(*, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
+                            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, impl: str = "auto",
+                            checked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flattened KV index list of naive EAGLE's fused verify -> (kv_indptr, kv_indices), the
+    buffers passed in, filled in place.
+
+    req_to_token: [max_requests, max_context] int32/int64, the slot of each (request row, cache
+    index) (any page size); rows, seq_lens: [bs] int32/int64, request b's table row and L_b, the
+    tokens cached before the verify; kv_indptr: [2*bs + 1] int32/int64; kv_indices: [capacity]
+    int32/int64, capacity >= 2*sum(seq_lens) + 3*bs. With s = L + 2, request b's two verify tokens
+    (positions L, L + 1) are decode queries 2b and 2b + 1 over the slots req_to_token[row, 0 : s-1]
+    and req_to_token[row, 0 : s]; request b's entries start at 2*cumsum_exclusive(s)[b] - b.
+    kv_indptr is written whole, kv_indices[0 : total) too; entries past the total are untouched.
+    impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere). The Triton path reads
+    nothing back to the host and writes no output of data-dependent size: capture-safe.
+
+    Shapes, dtypes and devices are always checked. The value checks (rows inside the table,
+    0 <= L, L + 2 <= max_context, the capacity, an int32 kv_indptr able to hold the total) need
+    sum(seq_lens) on the host: `checked=None` (default) runs them on CPU tensors only, where that
+    is free; True runs them on any device outside a CUDA-graph capture (one device read); False
+    never. Unchecked, a too-small kv_indices is cut at its capacity (nothing is written past it).
+    """
+    pick_impl(impl, seq_lens.device if isinstance(seq_lens, torch.Tensor) else torch.device("cpu"))
+    _index_tensor("seq_lens", seq_lens, 1, "[bs]", None)
+    device, bs = seq_lens.device, seq_lens.shape[0]
+    _index_tensor("req_to_token", req_to_token, 2, "[max_requests, max_context]", device)
+    _index_tensor("rows", rows, 1, "[bs]", device)
+    _index_tensor("kv_indptr", kv_indptr, 1, "[2*bs + 1]", device)
+    _index_tensor("kv_indices", kv_indices, 1, "[capacity]", device)
+    if rows.shape[0] != bs:
+        raise ValueError(f"rows must have one entry per request (seq_lens has {bs}), got {rows.shape[0]}")
+    if kv_indptr.shape[0] != 2 * bs + 1:
+        raise ValueError(f"kv_indptr must have 2*bs + 1 = {2 * bs + 1} entries (two queries per request), "
+                         f"got {kv_indptr.shape[0]}")
+    if bs and _value_checks(checked, device):
+        max_requests, max_context = req_to_token.shape
+        if bool(((rows < 0) | (rows >= max_requests)).any()):
+            raise ValueError(f"rows must be in [0, {max_requests}) (req_to_token's rows)")
+        if bool((seq_lens < 0).any()):
+            raise ValueError("seq_lens must be >= 0")
+        if int(seq_lens.max()) + 2 > max_context:
+            raise ValueError(f"seq_lens + 2 must be <= {max_context} (req_to_token's max_context): the verify "
+                             f"tokens sit at positions L and L + 1")
+        total = 2 * int(seq_lens.to(torch.int64).sum()) + 3 * bs
+        if kv_indices.shape[0] < total:
+            raise ValueError(f"kv_indices holds {kv_indices.shape[0]} entries, the batch needs {total} "
+                             f"(2*sum(seq_lens) + 3*bs)")
+        if kv_indptr.dtype == torch.int32 and total > torch.iinfo(torch.int32).max:
+            raise ValueError(f"kv_indptr is int32 and cannot hold the total {total}: pass int64 buffers")
+    draft_kv_indices_impl(req_to_token, rows, seq_lens, kv_indptr, kv_indices, impl)
+    return kv_indptr, kv_indices
+
+
+INDEXED_ATTENTION_TORCH_DTYPES = ATTENTION_TORCH_DTYPES + (torch.float64,)
+
+
+def decode_attention_indexed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indptr: torch.Tensor,
+                             kv_indices: torch.Tensor, *, scale: float, impl: str = "auto",
+                             out_dtype: torch.dtype | None = None, checked: bool | None = None) -> torch.Tensor:
+    """Decode attention over an explicit slot list per query -> [N, num_heads, head_dim].
+
+    q: [N, num_heads, head_dim] (float32 / float16 / bfloat16 / float64; head_dim a power of two in
+    [16, 256]); k_cache, v_cache: [num_slots, num_kv_heads, head_dim] of q's dtype (the paged
+    cache's layout), num_heads a multiple of num_kv_heads (GQA); kv_indptr: [N + 1] int32/int64,
+    non-decreasing; kv_indices: [capacity] int32/int64. Query i attends the slots
+    kv_indices[kv_indptr[i] : kv_indptr[i + 1]]: softmax of scale * <q, k> in float32 (float64 for
+    float64 queries), weighted sum of v. A query with an empty list gives zeros. scale: required,
+    finite and > 0. out_dtype: the output dtype, q's (default) or float32.
+    impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere); float64 queries always take
+    the torch path. The Triton path reads the list bounds on the device: capture-safe.
+
+    The value checks (kv_indptr non-decreasing from >= 0 up to len(kv_indices), the listed slots in
+    [0, num_slots)) read the device: `checked=None` runs them on CPU tensors only, True on any
+    device outside a CUDA-graph capture, False never (as `create_draft_kv_indices`).
+    """
+    pick_impl(impl, q.device if isinstance(q, torch.Tensor) else torch.device("cpu"))
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be 3-D [N, num_heads, head_dim], got shape {tuple(q.shape)}")
+    if q.dtype not in INDEXED_ATTENTION_TORCH_DTYPES:
+        raise ValueError(f"q dtype {q.dtype} is not supported (float32, float16, bfloat16, float64)")
+    n, nh, hd = q.shape
+    if hd < 16 or hd > 256 or hd & (hd - 1):
+        raise ValueError(f"q head_dim must be a power of two in [16, 256], got {hd}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 3 or t.shape[2] != hd:
+            raise ValueError(f"{name} must be [num_slots, num_kv_heads, {hd}], got shape {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all inputs must be on one device")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    nkv = k_cache.shape[1]
+    if nkv < 1 or nh % nkv:
+        raise ValueError(f"num_heads ({nh}) must be a multiple of k_cache's num_kv_heads ({nkv})")
+    _index_tensor("kv_indptr", kv_indptr, 1, f"[N + 1] = [{n + 1}]", q.device)
+    _index_tensor("kv_indices", kv_indices, 1, "[capacity]", q.device)
+    if kv_indptr.shape[0] != n + 1:
+        raise ValueError(f"kv_indptr must have N + 1 = {n + 1} entries (one list per query), got {kv_indptr.shape[0]}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float > 0, got {type(scale).__name__}")
+    if not (0 < float(scale) < float("inf")):
+        raise ValueError(f"scale must be finite and > 0, got {scale}")
+    if out_dtype is not None and out_dtype not in (q.dtype, torch.float32):
+        raise ValueError(f"out_dtype must be None, q's dtype {q.dtype} or torch.float32, got {out_dtype}")
+    if n and _value_checks(checked, q.device):
+        bounds = kv_indptr.to(torch.int64)
+        if bool(bounds[0] < 0) or bool((bounds[1:] < bounds[:-1]).any()):
+            raise ValueError("kv_indptr must be non-decreasing from kv_indptr[0] >= 0")
+        if int(bounds[-1]) > kv_indices.shape[0]:
+            raise ValueError(f"kv_indptr[N] = {int(bounds[-1])} is past the end of kv_indices "
+                             f"({kv_indices.shape[0]} entries)")
+        listed = kv_indices[int(bounds[0]):int(bounds[-1])]
+        if bool(((listed < 0) | (listed >= k_cache.shape[0])).any()):
+            raise ValueError(f"kv_indices entries in the lists must be slots in [0, {k_cache.shape[0]}) "
+                             f"(k_cache's slots)")
+    return decode_attention_indexed_impl(q, k_cache, v_cache, kv_indptr, kv_indices, float(scale), impl=impl,
+                                         out_dtype=out_dtype)

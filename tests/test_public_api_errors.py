@@ -306,13 +306,14 @@ def test_sweep_build_models():
 
 
 SPEC_ARGS = {
-    "algorithm": (bad_choice(("eagle",)), ("algorithm",)),
-    "num_steps": (bad_int(1), ("num_steps",)),
+    "algorithm": (bad_choice(("eagle", "naive_eagle")), ("algorithm",)),
+    "num_steps": (bad_int(1, none_ok=True), ("num_steps",)),     # None: the algorithm's default
     "topk": (bad_int(1), ("topk",)),
     "num_draft_tokens": (st.one_of(typed(TypeError, NOT_INT), typed(ValueError, st.integers(max_value=1)),
                                    typed(ValueError, st.integers(min_value=8))), ("num_draft_tokens",)),
     "page_size": (bad_int(1), ("page_size",)),
     "cuda_graph": (typed(TypeError, st.one_of(st.integers(), st.text(max_size=3), st.none())), ("cuda_graph",)),
+    "naive_sampling": (bad_choice(("exact", "inexact_shortcut")), ("naive_sampling",)),
 }
 
 

@@ -2,9 +2,10 @@
 
 `RequestState` holds, per slot-table row, everything a decode step needs to know about its
 request: the cached length, the pending token, the budget, the finished flag, the request's
-index. A step reads and writes it in place, so a captured graph replays a whole step without
-anything coming from the host. The pad row (padded lanes of a graph bucket) is finished forever
-and owns no page: its lanes write only the sink slot.
+index, and with a sampling penalty on, its output token counts and prompt tokens
+(`penalties.PenaltyState`, set by the prefill). A step reads and writes it in place, so a captured
+graph replays a whole step without anything coming from the host. The pad row (padded lanes of a
+graph bucket) is finished forever and owns no page: its lanes write only the sink slot.
 
 `Readback` is the single device-to-host transfer of a step: a packed int64 tensor copied into a
 pinned host buffer and waited for. Nothing else in a step reads the device.
@@ -16,6 +17,7 @@ import dataclasses
 
 import torch
 
+from specverify.engine.penalties import PenaltyState
 from specverify.models import Batch, chain_mask
 
 
@@ -27,6 +29,7 @@ class RequestState:
     budget: torch.Tensor        # [R] int64 max_new_tokens
     finished: torch.Tensor      # [R] bool
     req_id: torch.Tensor        # [R] int64 index in the prompt list (keys the uniforms)
+    penalty: PenaltyState | None = None   # output counts and prompt tokens; only when a penalty is active
 
     @classmethod
     def empty(cls, rows: int, device) -> "RequestState":

@@ -1,8 +1,9 @@
 """One EAGLE speculative cycle as one tensor function of the running rows.
 
 Verify forward over each request's draft tree, accept (greedy or stochastic, with the counter
-uniforms), KV and recurrent-state commit, the EOS / max_new_tokens cut, the draft-extend over the
-emitted tokens and the S-1 draft steps: everything reads and writes the persistent state
+uniforms; with a sampling penalty on, over each node's penalized logits), KV and recurrent-state
+commit, the EOS / max_new_tokens cut (and the penalty counts of what it lets through), the
+draft-extend over the emitted tokens and the S-1 draft steps: everything reads and writes the persistent state
 (`EagleState`, the caches), nothing reads the host or the device back, so on CUDA the whole
 cycle is captured as one graph per batch-size bucket. The result is one packed int64 tensor per
 lane, which the host copies back once.
@@ -22,7 +23,8 @@ import dataclasses
 import torch
 
 from specverify.engine.device_state import RequestState, extend_batch, stop_mask
-from specverify.engine.sampling import SamplingParams, sampling_probs
+from specverify.engine.penalties import PenaltyState, penalize, tree_counts
+from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
 from specverify.engine.spec_config import SpecConfig
 from specverify.engine.uniforms import counter_uniforms
 from specverify.kernels.tree import build_tree, chain_tree
@@ -115,7 +117,7 @@ class EagleCycle:
         batch = Batch(tree.tokens, tree.positions, rows, n, torch.where(live, self.D, 0), tree.mask, tree.parents,
                       req_ids=req_ids)
         out = self.models.target.forward(self.cache, batch, commit_state=False)
-        accept, num_correct, bonus = self._accept(tree, out, req_ids, n)
+        accept, num_correct, bonus = self._accept(tree, out, rows, req_ids, n)
         self._commit(rows, n, accept, num_correct, live, out)
 
         w = self.S + 1
@@ -128,6 +130,8 @@ class EagleCycle:
         emitted = rs.emitted[rows]
         taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)
         taken = torch.where(live, taken, 0)
+        if rs.penalty is not None:
+            rs.penalty.record(rows, produced, taken)
         finished = ~live | stop
         rs.emitted[rows] = emitted + taken
         rs.finished[rows] = finished
@@ -148,15 +152,30 @@ class EagleCycle:
             result["scale"] = out.scale[ar[:, None], nodes]                  # [bs, W, 1]
         return result
 
-    def _accept(self, tree, out, req_ids, n):
-        if self.params.greedy:
-            return verify_greedy(tree, target_predict(out.logits), num_steps=self.S)
+    def _accept(self, tree, out, rows, req_ids, n):
+        penalty = self.state.requests.penalty
         bs, d, v = out.logits.shape
-        probs = sampling_probs(out.logits.reshape(bs * d, v), out.scale.reshape(bs * d, 1), self.params)
+        if penalty is not None:
+            z = self._penalized_logits(tree, out, rows, penalty)             # [bs, D, V] float64
+            if self.params.greedy:
+                return verify_greedy(tree, torch.argmax(z, dim=-1), num_steps=self.S)
+            probs = probs_from_z(z.reshape(bs * d, v), self.params)
+        elif self.params.greedy:
+            return verify_greedy(tree, target_predict(out.logits), num_steps=self.S)
+        else:
+            probs = sampling_probs(out.logits.reshape(bs * d, v), out.scale.reshape(bs * d, 1), self.params)
         draws = torch.arange(d + 1, device=n.device)[None, :]
         u = counter_uniforms(self.seed, req_ids[:, None], n[:, None], draws)       # [bs, D + 1]
         return verify_stochastic(tree, probs.view(bs, d, v), u[:, :d].contiguous(), u[:, d].contiguous(),
                                  num_steps=self.S, checked=self.checked)
+
+    def _penalized_logits(self, tree, out, rows, penalty: PenaltyState) -> torch.Tensor:
+        """Every node's dequantized target logits, penalized (section 7) by its own context: the
+        output before the cycle (the root included) plus the drafts on the path to the node."""
+        bs, d, v = out.logits.shape
+        counts, prompt = penalty.context(rows)
+        z = dequantize(out.logits.reshape(bs * d, v), out.scale.reshape(bs * d, 1)).view(bs, d, v)
+        return penalize(z, tree_counts(counts, tree.tokens, tree.mask), prompt[:, None, :], self.params)
 
     def _commit(self, rows, n, accept, num_correct, live, out) -> None:
         """Move accepted nodes' K/V down to [n, n+a+1) and keep the last one's recurrent state."""

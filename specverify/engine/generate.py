@@ -23,7 +23,8 @@ from specverify.validation import check_int
 def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max_new_tokens,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              seed: int = 0, eos_token_id: int | None = None, logprobs: int = 0,
-             page_size: int = 1, platform=None, trace: bool = False) -> GenerationOutput:
+             page_size: int = 1, platform=None, trace: bool = False, repetition_penalty: float = 1.0,
+             frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> GenerationOutput:
     """Decode `prompts` with the optimized decoder.
 
     spec=None: cached target-only decoding (greedy when temperature == 0, else seeded sampling
@@ -33,6 +34,9 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
     SPECVERIFY_PLATFORM or the native one). logprobs=N > 0 records, per emitted token, its
     logprob, rank and the N best alternatives. trace=True (speculative only) records every
     cycle's tree, accepted nodes and emitted tokens in `output.trace` (docs/semantics.md 6.5).
+    repetition_penalty (1 = off), frequency_penalty and presence_penalty (0 = off): the sampling
+    penalties of docs/semantics.md section 7, greedy included, for both algorithms (speculative
+    decoding stays lossless); logprobs still report the raw distribution.
     """
     if not isinstance(trace, bool):
         raise TypeError(f"trace must be a bool, got {type(trace).__name__} {trace!r}")
@@ -41,7 +45,7 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
     cfg = check_generate_args(models, spec=spec, seed=seed, logprobs=logprobs, eos_token_id=eos_token_id,
                               page_size=page_size, platform=platform)
     budgets = check_prompts(prompts, max_new_tokens, cfg.vocab_size, cfg.max_context)
-    params = SamplingParams(temperature, top_k, top_p, min_p)
+    params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty)
     # numpy integers pass the checks; compute with Python ints (no fixed-width overflow).
     seed, logprobs = int(seed), int(logprobs)
     eos_token_id = None if eos_token_id is None else int(eos_token_id)
@@ -52,6 +56,10 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
                              page_size=page_size, platform=platform)
         return GenerationOutput([r.output for r in reqs], logprobs_out(channel))
     check_spec_fit(cfg, spec, prompts, budgets)
+    if params.penalized and spec.algorithm not in PENALIZED_ALGORITHMS:
+        raise ValueError(f"spec.algorithm {spec.algorithm!r} does not apply the sampling penalties yet (algorithms "
+                         f"that do: {PENALIZED_ALGORITHMS}); use repetition_penalty=1, frequency_penalty=0, "
+                         f"presence_penalty=0 or another algorithm")
     channel = LogprobChannel(len(reqs), logprobs, max_rows=spec.num_steps + 1) if logprobs else None
     traces = generate_speculative(models, reqs, spec, params, seed=seed, eos_token_id=eos_token_id,
                                   channel=channel, platform=platform, trace=trace)
@@ -70,6 +78,10 @@ def check_spec_fit(cfg: ModelConfig, spec: SpecConfig, prompts, budgets: list[in
             raise ValueError(f"prompts[{i}]: prompt length {len(p)} + max_new_tokens {n} + draft region "
                              f"{region + 1} exceeds max_context {cfg.max_context}")
 
+
+# Speculative algorithms whose cycle penalizes its verify rows (docs/semantics.md section 7); any
+# other refuses an active penalty rather than decode with an unpenalized target.
+PENALIZED_ALGORITHMS = ("eagle",)
 
 MAX_SEED = 2**32 - 1    # the counter uniforms take 32-bit seeds (docs/semantics.md section 4)
 

@@ -1,7 +1,8 @@
 """The prefill step every decoder starts with: the target runs each prompt, the first token of
-each request is chosen (greedy, or sampled with the uniform u(seed, r, P - 1, 0)), and the
-request state rows are written. Runs eagerly at live shapes (prefills are not graph-captured);
-its inputs are built from the prompts on the host once."""
+each request is chosen (greedy, or sampled with the uniform u(seed, r, P - 1, 0); with a sampling
+penalty on, from the logits penalized over the prompt), and the request state rows are written
+(with a penalty on, the penalty state too, allocated on first use). Runs eagerly at live shapes
+(prefills are not graph-captured); its inputs are built from the prompts on the host once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from specverify.engine.device_state import RequestState, extend_batch, stop_mask
 from specverify.engine.logprobs import LogprobChannel
+from specverify.engine.penalties import PenaltyState
 from specverify.engine.requests import Request
 from specverify.engine.sampling import SamplingParams, choose_tokens
 from specverify.engine.uniforms import counter_uniforms
@@ -34,8 +36,16 @@ def prefill(models: Models, cache: ModelCache, state: RequestState, reqs: list[R
     last = q_lens - 1
     logits, scale = out.logits[ar, last], out.scale[ar, last]
     u = None if params.greedy else counter_uniforms(seed, req_ids, last, torch.zeros_like(last))
-    first = choose_tokens(logits, scale, params, u)
+    penalty = None
+    if params.penalized:
+        if state.penalty is None:
+            state.penalty = PenaltyState.empty(state.seq_len.shape[0], models.config.vocab_size, dev)
+        state.penalty.start(rows, ids, q_lens)
+        penalty = state.penalty.context(rows)          # the prompt's tokens; no output yet
+    first = choose_tokens(logits, scale, params, u, penalty)
     one = torch.ones_like(first)
+    if penalty is not None:
+        state.penalty.record(rows, first[:, None], one)  # the first token is output from here on
     _, finished = stop_mask(first[:, None], one, budget, eos_token_id)
     if channel is not None:
         channel.send([r.index for r in reqs], [1] * bs, logits, scale, first)

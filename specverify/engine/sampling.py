@@ -1,4 +1,5 @@
-"""Token choice from logits: greedy (the tie contract) and seeded sampling (docs/semantics.md 3-4).
+"""Token choice from logits: greedy (the tie contract) and seeded sampling (docs/semantics.md 3-4),
+with the sampling penalties of section 7 when asked for (`engine/penalties.py`).
 
 Vectorized over rows; no Python loop over requests or the vocabulary.
 """
@@ -9,6 +10,7 @@ import dataclasses
 
 import torch
 
+from specverify.engine.penalties import active, penalize
 from specverify.validation import check_int, check_real
 
 # The smallest positive temperature (docs/semantics.md section 4). Dequantized logits are bounded
@@ -18,6 +20,12 @@ from specverify.validation import check_int, check_real
 # quotient can overflow to inf and the softmax to NaN, so such temperatures are refused.
 MIN_TEMPERATURE = 1e-200
 
+# Bounds of repetition_penalty (docs/semantics.md section 7): with max(r, 1/r) <= 1e18 a penalized
+# logit stays below 2**145 * 1e18 + 2 * 2**31 < 2**206, so the bound above on z / temperature still
+# leaves every quotient (and difference of two) finite in float64.
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-18, 1e18
+MAX_ADDITIVE_PENALTY = 2.0          # frequency_penalty and presence_penalty lie in [-2, 2]
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -25,6 +33,9 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self):
         temperature = check_real("temperature", self.temperature, 0.0, why="0 = greedy")
@@ -34,12 +45,25 @@ class SamplingParams:
         top_k = check_int("top_k", self.top_k, 0, why="0 = off")
         top_p = check_real("top_p", self.top_p, 0.0, 1.0, lo_open=True, why="1 = off")
         min_p = check_real("min_p", self.min_p, 0.0, 1.0, hi_open=True, why="0 = off")
-        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+        repetition = check_real("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY,
+                                MAX_REPETITION_PENALTY, why="1 = off")
+        frequency = check_real("frequency_penalty", self.frequency_penalty, -MAX_ADDITIVE_PENALTY,
+                               MAX_ADDITIVE_PENALTY, why="0 = off")
+        presence = check_real("presence_penalty", self.presence_penalty, -MAX_ADDITIVE_PENALTY,
+                              MAX_ADDITIVE_PENALTY, why="0 = off")
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p),
+                            ("repetition_penalty", repetition), ("frequency_penalty", frequency),
+                            ("presence_penalty", presence)):
             object.__setattr__(self, name, value)      # plain Python numbers from here on
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Some penalty is active (the decoders then keep per-request token counts)."""
+        return active(self)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -62,6 +86,13 @@ def _renorm(p: torch.Tensor) -> torch.Tensor:
     return p / p.sum(-1, keepdim=True)
 
 
+def dequantize(logits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float64 [N, V] dequantized logits. logits: [N, V] logits-dtype values; scale: [N, 1] float32."""
+    _check_rows("logits", logits, 2)
+    _check_rows("scale", scale, 2, shape=(logits.shape[0], 1))
+    return logits.to(torch.float64) * scale.to(torch.float64)
+
+
 def sampling_probs(logits: torch.Tensor, scale: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """float64 [N, V] distribution after temperature, top-k, top-p and min-p.
 
@@ -70,7 +101,18 @@ def sampling_probs(logits: torch.Tensor, scale: torch.Tensor, params: SamplingPa
     _check_rows("logits", logits, 2)
     _check_rows("scale", scale, 2, shape=(logits.shape[0], 1))
     z = logits.to(torch.float64) * scale.to(torch.float64) / params.temperature
-    p = torch.softmax(z, dim=-1)
+    return _filtered(torch.softmax(z, dim=-1), params)
+
+
+def probs_from_z(z: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution of sampling_probs from float64 [N, V] dequantized logits z (the penalized
+    ones of section 7): the same float64 operations in the same order."""
+    _check_rows("z", z, 2)
+    return _filtered(torch.softmax(z / params.temperature, dim=-1), params)
+
+
+def _filtered(p: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Steps 2-4 of section 4 (top-k, top-p, min-p) on the softmax p [N, V] float64."""
     if params.top_k > 0 or params.top_p < 1.0:
         # Stable descending sort: equal probabilities keep ascending index order. Renormalizing
         # after top-k keeps this order, so one sort serves both filters.
@@ -103,8 +145,17 @@ def sample_from_probs(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def choose_tokens(logits: torch.Tensor, scale: torch.Tensor, params: SamplingParams,
-                  u: torch.Tensor | None) -> torch.Tensor:
-    """Next token per row: [N] int64. u: [N] float64 uniforms (ignored when greedy)."""
+                  u: torch.Tensor | None, penalty: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Next token per row: [N] int64. u: [N] float64 uniforms (ignored when greedy).
+
+    penalty: (counts [N, V], prompt [N, V]) of each row's context when params.penalized (section
+    7): the penalties apply to the float64 dequantized logits, and greedy is the first maximal
+    index of the penalized values."""
+    if penalty is None:
+        if params.greedy:
+            return greedy_tokens(logits)
+        return sample_from_probs(sampling_probs(logits, scale, params), u.to(logits.device))
+    z = penalize(dequantize(logits, scale), *penalty, params)
     if params.greedy:
-        return greedy_tokens(logits)
-    return sample_from_probs(sampling_probs(logits, scale, params), u.to(logits.device))
+        return torch.argmax(z, dim=-1)
+    return sample_from_probs(probs_from_z(z, params), u.to(logits.device))

@@ -6,24 +6,46 @@ import dataclasses
 
 from specverify.validation import check_bool, check_choice, check_int
 
+ALGORITHMS = ("eagle", "naive_eagle")
+# How a sampled naive-EAGLE cycle accepts. "exact": the draft token is sampled from the draft's
+# distribution q, accepted with probability min(1, p/q), else the token is drawn from the residual
+# max(p - q, 0): distributed exactly like target-only sampling. "inexact_shortcut": the original
+# naive-EAGLE path (argmax draft, min(1, p/q) with q its draft probability, every row sampled from
+# the target, no residual), kept to show that the suite detects its bias.
+NAIVE_SAMPLING = ("exact", "inexact_shortcut")
+DEFAULT_NUM_STEPS = {"eagle": 3, "naive_eagle": 1}
+
 
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
     algorithm: str = "eagle"
-    num_steps: int = 3
+    num_steps: int | None = None          # S; default 3 for eagle, 1 (the only value) for naive_eagle
     topk: int = 1
     num_draft_tokens: int | None = None   # D, root included; default S + 1 (the chain)
     page_size: int = 1
     cuda_graph: bool = True
+    naive_sampling: str = "exact"         # naive_eagle with sampling: one of NAIVE_SAMPLING
 
     def __post_init__(self):
         # Types first (an int is an int: not a bool, not a float), then ranges.
-        check_choice("SpecConfig.algorithm", self.algorithm, ("eagle",))
+        check_choice("SpecConfig.algorithm", self.algorithm, ALGORITHMS)
+        check_choice("SpecConfig.naive_sampling", self.naive_sampling, NAIVE_SAMPLING)
+        if self.num_steps is None:
+            object.__setattr__(self, "num_steps", DEFAULT_NUM_STEPS[self.algorithm])
         for name, lo in (("num_steps", 1), ("topk", 1), ("num_draft_tokens", None), ("page_size", 1)):
             value = getattr(self, name)
             if name != "num_draft_tokens" or value is not None:
                 object.__setattr__(self, name, check_int(f"SpecConfig.{name}", value, lo))
         object.__setattr__(self, "cuda_graph", check_bool("SpecConfig.cuda_graph", self.cuda_graph))
+        if self.algorithm == "naive_eagle":
+            fixed = {"num_steps": (self.num_steps, 1), "topk": (self.topk, 1), "num_draft_tokens": (self.draft_tokens, 2)}
+            for name, (value, want) in fixed.items():
+                if value != want:
+                    raise ValueError(f"SpecConfig.{name}: naive_eagle is fixed at num_steps=1, topk=1, "
+                                     f"num_draft_tokens=2; got {name}={value}")
+        elif self.naive_sampling != "exact":
+            raise ValueError(f"SpecConfig.naive_sampling={self.naive_sampling!r} applies to algorithm='naive_eagle' "
+                             f"only; got algorithm={self.algorithm!r}")
         d = self.draft_tokens
         most = 1 + self.topk + (self.num_steps - 1) * self.topk ** 2
         if not 2 <= d <= most:

@@ -15,6 +15,7 @@ import torch
 from specverify.engine.device_decoder import DeviceDecoder
 from specverify.engine.eagle_cycle import EagleCycle, EagleState
 from specverify.engine.logprobs import LogprobChannel
+from specverify.engine.naive_cycle import NaiveCycle, NaiveState
 from specverify.engine.prefill import prefill
 from specverify.engine.requests import CycleTrace, Request
 from specverify.engine.sampling import SamplingParams
@@ -35,11 +36,13 @@ class SpecDecoder(DeviceDecoder):
     def __init__(self, models: Models, config: SpecConfig, params: SamplingParams, *, seed: int,
                  eos_token_id: int | None, channel: LogprobChannel | None = None,
                  platform: PlatformProfile | None = None, pad_batches: bool | None = None,
-                 debug_checks: bool | None = None):
+                 debug_checks: bool | None = None, fused: bool = True):
         """pad_batches: run cycles at bucket shapes (None = on CUDA only; True on the CPU tests the
         padded path). Graphs are used on CUDA when config.cuda_graph and the platform allow.
         debug_checks: validate the kernels' internal tensors every cycle (reads the device;
-        default from SPECVERIFY_DEBUG_CHECKS)."""
+        default from SPECVERIFY_DEBUG_CHECKS).
+        fused: naive EAGLE only; False runs its verify and draft-extend as two steps with the
+        accept counts read back in between (the unfused form the fused cycle must equal)."""
         super().__init__(models, params, seed=seed, eos_token_id=eos_token_id, channel=channel,
                          page_size=config.page_size, platform=platform, cuda_graph=config.cuda_graph,
                          pad_batches=pad_batches)
@@ -49,11 +52,20 @@ class SpecDecoder(DeviceDecoder):
         # S + 1 tokens followed by (S - 1) * k beams.
         self.ahead = max(self.D, self.S + 1 + (self.S - 1) * self.k)
         self.debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1" if debug_checks is None else debug_checks
+        self.naive = config.algorithm == "naive_eagle"
+        self.fused = fused
+        if not fused and not self.naive:
+            raise ValueError("fused=False applies to algorithm='naive_eagle' only")
+        if not fused:
+            self.use_graphs = False            # the unfused form reads the device back mid-cycle
 
     def request_length(self, r: Request) -> int:
         return len(r.prompt) + r.max_new_tokens + max(self.D, (self.S - 1) * self.k) + 1
 
-    def new_state(self, rows: int) -> EagleState:
+    def new_state(self, rows: int) -> EagleState | NaiveState:
+        if self.naive:
+            keep_q = not self.params.greedy and self.config.naive_sampling == "exact"
+            return NaiveState.empty(rows, self.models.config.vocab_size, keep_q, self.dev)
         return EagleState.empty(rows, self.config, self.dev)
 
     def step_fn(self, inp: dict) -> dict:
@@ -61,9 +73,14 @@ class SpecDecoder(DeviceDecoder):
 
     def prefill(self, reqs: list[Request]) -> None:
         # The cycle over this start's cache and state (the runner calls it through step_fn).
-        self.cycle = EagleCycle(self.models, self.cache, self.state, self.config, self.params, seed=self.seed,
-                                eos_token_id=self.eos, profile=self.profile, with_logits=self.channel is not None,
-                                checked=self.debug_checks)
+        if self.naive:
+            self.cycle = NaiveCycle(self.models, self.cache, self.state, self.config, self.params, seed=self.seed,
+                                    eos_token_id=self.eos, profile=self.profile,
+                                    with_logits=self.channel is not None, fused=self.fused)
+        else:
+            self.cycle = EagleCycle(self.models, self.cache, self.state, self.config, self.params, seed=self.seed,
+                                    eos_token_id=self.eos, profile=self.profile,
+                                    with_logits=self.channel is not None, checked=self.debug_checks)
         out, batch, first, finished = prefill(self.models, self.cache, self.state.requests, reqs, self.params,
                                               seed=self.seed, eos_token_id=self.eos, channel=self.channel)
         # Draft-extend over x_1..x_P (the prompt without its first token, then the first token),
@@ -71,8 +88,12 @@ class SpecDecoder(DeviceDecoder):
         ar = torch.arange(len(reqs), device=self.dev)
         tokens = torch.cat([batch.input_ids[:, 1:], torch.zeros_like(batch.input_ids[:, :1])], 1)
         tokens[ar, batch.q_lens - 1] = first
-        self.cycle.draft(batch.rows, tokens, batch.q_lens, out.hidden, torch.zeros_like(batch.q_lens),
-                         batch.req_ids, ~finished)
+        draft_args = (batch.rows, tokens, batch.q_lens, out.hidden, torch.zeros_like(batch.q_lens), batch.req_ids,
+                      ~finished)
+        if self.naive:
+            self.cycle.draft(*draft_args, batch.q_lens - 1)
+        else:
+            self.cycle.draft(*draft_args)
         self.take_first_tokens(reqs, first, finished)
 
     def abort(self, r: Request) -> None:

@@ -1,10 +1,11 @@
 """Target-only decoding on the device: one prefill, then one decode step per token.
 
 A step is one tensor function of the running rows: the target's forward over each request's
-pending token, the token choice (greedy, or sampled with u(seed, r, position, 0)), the EOS /
-max_new_tokens cut and the state update. On CUDA it is captured as one graph per batch-size
-bucket; elsewhere it runs eagerly at live shapes. The host makes one readback per step (the new
-tokens and finished flags), reserves pages ahead in bulk and frees a finished request's row.
+pending token, the token choice (greedy, or sampled with u(seed, r, position, 0); penalized by the
+request's prompt and output counts when a sampling penalty is on), the EOS / max_new_tokens cut
+and the state update. On CUDA it is captured as one graph per batch-size bucket; elsewhere it runs
+eagerly at live shapes. The host makes one readback per step (the new tokens and finished flags),
+reserves pages ahead in bulk and frees a finished request's row.
 """
 
 from __future__ import annotations
@@ -65,10 +66,13 @@ class TargetOnlyDecoder(DeviceDecoder):
         out = self.models.target.forward(self.cache, batch)
         logits, scale = out.logits[:, 0], out.scale[:, 0]
         u = None if self.params.greedy else counter_uniforms(self.seed, batch.req_ids, n, torch.zeros_like(n))
-        token = choose_tokens(logits, scale, self.params, u)
+        penalty = None if st.penalty is None else st.penalty.context(rows)
+        token = choose_tokens(logits, scale, self.params, u, penalty)
         emitted = st.emitted[rows]
         _, stop = stop_mask(token[:, None], torch.ones_like(token), st.budget[rows] - emitted, self.eos)
         live = ~done
+        if st.penalty is not None:
+            st.penalty.record(rows, token[:, None], live.long())
         st.seq_len[rows] = torch.where(live, n + 1, n)
         st.pending[rows] = torch.where(live, token, st.pending[rows])
         st.emitted[rows] = emitted + live.long()

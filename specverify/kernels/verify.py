@@ -265,7 +265,7 @@ def _residual_bonus(tree: DraftTree, probs: torch.Tensor, accept: torch.Tensor, 
     residual = torch.zeros((bs, vocab + 1), dtype=torch.float64, device=probs.device)   # column V: a sink
     residual[:, :vocab] = probs[rows, cur]
     residual.scatter_(1, torch.where(rejected, tree.tokens.clamp(0, vocab - 1), vocab), 0.0)
-    return _inverse_cdf(residual[:, :vocab], final)
+    return inverse_cdf(residual[:, :vocab], final)
 
 
 def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.Tensor, final: torch.Tensor, *,
@@ -306,7 +306,7 @@ def verify_stochastic(tree: DraftTree, target_probs: torch.Tensor, coins: torch.
     return accept, n, _residual_bonus(tree, target_probs, accept, n, final, num_steps)
 
 
-def _inverse_cdf(residual: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def inverse_cdf(residual: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """First index whose cumulative sum exceeds u * sum(residual); else the last index with
     residual > 0; else (an all-zero residual) V - 1. residual: [bs, V] float64; u: [bs] -> [bs].
 

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", nargs="+", metavar="DTYPE",
                    help="only tests of these dtypes (names of specverify.dtypes; '-' = tests without a dtype; "
                         "space- or comma-separated)")
-    p.add_argument("--algorithms", nargs="+", metavar="ALGO", help="only tests of these algorithms: eagle target -")
+    p.add_argument("--algorithms", nargs="+", metavar="ALGO", help="only tests of these algorithms: eagle naive_eagle target -")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: reports/)")
     p.add_argument("--label", default=None, help="machine label in matrix.json (default: the device: 'cpu' or "
                                                  "the GPU name)")

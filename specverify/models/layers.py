@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from specverify.kernels.attention import paged_attention_impl
+from specverify.ops import decode_attention_indexed
 from specverify.models.kv_cache import SINK_SLOT
 
 
@@ -69,6 +70,10 @@ class Batch:
     req_ids: torch.Tensor | None = None   # [bs] int64 each row's request: its index in the prompt
                                           # list (padded rows of a graph bucket: 0). Engines carry
                                           # request identity in the batch; models may ignore it.
+    kv_index_list: tuple[torch.Tensor, torch.Tensor] | None = None
+    # (kv_indptr [bs*q + 1], kv_indices): when set, query token (b, j) is a decode query over the
+    # slots kv_indices[kv_indptr[b*q + j] : kv_indptr[b*q + j + 1]] (its own slot included), in
+    # place of the prefix + tree-mask rule (naive EAGLE's verify, ops.create_draft_kv_indices).
 
     @property
     def live(self) -> torch.Tensor:
@@ -100,11 +105,12 @@ class AttentionPlan:
     rotary: tuple[torch.Tensor, torch.Tensor]
     slots: torch.Tensor          # [bs * q] token slot of each new token (padding: the sink)
     tree_mask: torch.Tensor      # [bs, q, region + q] int8
+    kv_index_list: tuple[torch.Tensor, torch.Tensor] | None = None   # Batch.kv_index_list
 
 
 def plan_attention(batch: Batch, req_to_token: torch.Tensor, rotary: RotaryTable, dtype: torch.dtype) -> AttentionPlan:
     return AttentionPlan(rotary.at(batch.positions, dtype), batch.new_slots(req_to_token).flatten(),
-                         batch.tree_mask.to(torch.int8))
+                         batch.tree_mask.to(torch.int8), batch.kv_index_list)
 
 
 def fuse_qkv(w: dict, prefix: str) -> None:
@@ -125,10 +131,17 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
     k_cache[plan.slots] = kh.reshape(-1, num_kv_heads, head_dim).to(k_cache.dtype)
     v_cache[plan.slots] = vh.reshape(-1, num_kv_heads, head_dim).to(v_cache.dtype)
 
+    scale = 1.0 / math.sqrt(head_dim)
+    if plan.kv_index_list is not None:
+        # Every query token its own decode query over an explicit slot list (naive EAGLE's verify).
+        kv_indptr, kv_indices = plan.kv_index_list
+        out = decode_attention_indexed(qh.reshape(bs * q, num_heads, head_dim), k_cache, v_cache, kv_indptr,
+                                       kv_indices, scale=scale, checked=False)
+        return out.to(x.dtype).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
     # Paged attention over the slot pool: each request reads its live length from the device, so
     # the cost follows the live lengths (not max_context) also inside a captured graph.
     out = paged_attention_impl(qh, k_cache, v_cache, req_to_token, batch.rows, batch.kv_lens, batch.q_lens,
-                               plan.tree_mask, batch.region, 1.0 / math.sqrt(head_dim))
+                               plan.tree_mask, batch.region, scale)
     return out.to(x.dtype).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
 
 

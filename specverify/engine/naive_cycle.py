@@ -1,0 +1,186 @@
+"""One naive-EAGLE cycle (D = 2, S = 1, topk = 1): target verify and the next draft-extend fused
+in one tensor function, captured as one CUDA graph per batch-size bucket.
+
+Per request with n cached tokens, pending root x_n and draft token d:
+- verify: the target runs [x_n, d] at positions [n, n+1], each token a decode query over an
+  explicit slot list (`ops.create_draft_kv_indices`: n+1 and n+2 slots, the query's own
+  included) read by `ops.decode_attention_indexed`;
+- accept: greedy (d == argmax at the root), exact sampling (d was drawn from the draft's q;
+  accept with probability min(1, p(d)/q(d)), else draw from max(p - q, 0)), or the original
+  inexact shortcut (SpecConfig.naive_sampling); the K/V of both verify tokens already sit at
+  [n, n+2), so nothing moves: a rejected draft's entry is overwritten by the next cycle;
+- draft-extend: always both rows, (e_0, h_n) and (t_1, h_{n+1}) at draft indices n and n+1, where
+  e_0 is the first emitted token; the next draft comes from the row of the last emitted token
+  (the "save index": the second row if the draft was accepted, else the first). The second row of
+  a rejected draft is computed and dropped, so the extend has one shape whatever was accepted.
+
+The unfused form (`fused=False`) runs the verify, reads the accept counts back to the host, then
+a draft-extend over exactly the emitted tokens, as an engine without the fusion does; it must
+produce the same cycle.
+
+Uniforms (docs/semantics.md 6.6), for a cycle whose root sits at position n: the draft token
+drawn for it u(seed, r, n, 0), the accept coin u(seed, r, n, 1), the residual or bonus draw
+u(seed, r, n, 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specverify.engine.device_state import RequestState, extend_batch, stop_mask
+from specverify.engine.eagle_cycle import packed_width
+from specverify.engine.sampling import SamplingParams, sampling_probs
+from specverify.engine.spec_config import SpecConfig
+from specverify.engine.uniforms import counter_uniforms
+from specverify.kernels.verify import inverse_cdf, target_predict
+from specverify.models import Batch, ModelCache, Models, chain_mask
+from specverify.ops import create_draft_kv_indices, draft_topk
+from specverify.platform import PlatformProfile
+
+DRAFT_DRAW, COIN_DRAW, FINAL_DRAW = 0, 1, 2
+
+
+@dataclasses.dataclass
+class NaiveState:
+    """Per slot-table row: the request state and the draft token the next verify checks."""
+    requests: RequestState
+    draft: torch.Tensor            # [R] int64
+    draft_q: torch.Tensor          # [R, V] float64 the draft's distribution (exact sampling), else [R, 0]
+    draft_p: torch.Tensor          # [R] float64 the draft's probability of its token (shortcut)
+
+    @classmethod
+    def empty(cls, rows: int, vocab: int, keep_q: bool, device) -> "NaiveState":
+        return cls(RequestState.empty(rows, device), torch.zeros(rows, dtype=torch.int64, device=device),
+                   torch.zeros((rows, vocab if keep_q else 0), dtype=torch.float64, device=device),
+                   torch.ones(rows, dtype=torch.float64, device=device))
+
+
+class NaiveCycle:
+    def __init__(self, models: Models, cache: ModelCache, state: NaiveState, config: SpecConfig,
+                 params: SamplingParams, *, seed: int, eos_token_id: int | None, profile: PlatformProfile,
+                 with_logits: bool = False, fused: bool = True):
+        self.models, self.cache, self.state, self.params = models, cache, state, params
+        self.seed, self.eos, self.profile = seed, eos_token_id, profile
+        self.mode = "greedy" if params.greedy else config.naive_sampling
+        self.with_logits, self.fused = with_logits, fused
+        self.width = packed_width(config)
+
+    # -- the draft --------------------------------------------------------------------------------
+    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, active, last) -> None:
+        """Draft-extend q_lens[b] tokens after kv_lens[b] draft entries and propose the next draft
+        token from row last[b]. Lanes not `active` write nothing to the caches."""
+        st = self.state
+        bs = tokens.shape[0]
+        ar = torch.arange(bs, device=tokens.device)
+        q_lens = torch.where(active, q_lens, 0)
+        batch = extend_batch(rows, kv_lens, tokens, q_lens, req_ids)
+        batch.positions = batch.positions + 1                       # x_t sits at draft index t-1
+        out = self.models.draft.forward(self.cache, batch, feats)
+        logits, scale = out.logits[ar, last], out.scale[ar, last]   # [bs, V], [bs, 1]
+        if self.mode == "exact":
+            q = sampling_probs(logits, scale, self.params)
+            root = kv_lens + last + 1                                # the position of the next root
+            u = counter_uniforms(self.seed, req_ids, root, torch.full_like(root, DRAFT_DRAW))
+            st.draft[rows] = inverse_cdf(q, u)
+            st.draft_q[rows] = q
+            return
+        _, index = draft_topk(logits, 1, self.profile, scale)
+        st.draft[rows] = index[:, 0]
+        if self.mode == "inexact_shortcut":
+            # the original's topk_p: the draft softmax probability of its argmax token
+            z = logits.to(torch.float64) * scale.to(torch.float64)
+            st.draft_p[rows] = torch.softmax(z, -1).gather(1, index)[:, 0]
+
+    # -- verify -------------------------------------------------------------------------------------
+    def verify(self, inp: dict) -> dict:
+        """Target verify, accept, the EOS / budget cut and the state update; returns what the
+        draft-extend needs and the packed result."""
+        rs, st = self.state.requests, self.state
+        rows = inp["rows"]
+        bs = rows.shape[0]
+        live = ~rs.finished[rows]
+        n, req_ids, roots, d = rs.seq_len[rows], rs.req_id[rows], rs.pending[rows], st.draft[rows]
+        tokens = torch.stack([roots, d], 1)
+        mask, parents = chain_mask(bs, 2, rows.device)
+        table = self.cache.table.req_to_token
+        kv_indptr = torch.empty(2 * bs + 1, dtype=torch.int64, device=rows.device)
+        kv_indices = torch.empty(bs * (2 * table.shape[1] + 3), dtype=torch.int64, device=rows.device)
+        index_list = create_draft_kv_indices(req_to_token=table, rows=rows, seq_lens=n, kv_indptr=kv_indptr,
+                                             kv_indices=kv_indices, checked=False)
+        batch = Batch(tokens, n[:, None] + torch.arange(2, device=rows.device), rows, n, torch.where(live, 2, 0),
+                      mask, parents, req_ids=req_ids, kv_index_list=index_list)
+        out = self.models.target.forward(self.cache, batch, commit_state=False)
+        accepted, t0, t1 = self._accept(out, rows, d, n, req_ids)
+        count = 1 + accepted.long()
+        e0 = torch.where(accepted, d, t0)
+        produced = torch.stack([e0, torch.where(accepted, t1, 0)], 1)
+        bonus = torch.where(accepted, t1, t0)
+        ar = torch.arange(bs, device=rows.device)
+        for r_layer, inter in enumerate(out.rec_states):            # the state after the last kept node
+            buf = self.cache.states.state[r_layer]
+            buf[rows] = torch.where(live[:, None, None, None], inter[ar, count - 1].to(buf.dtype), buf[rows])
+
+        emitted = rs.emitted[rows]
+        taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)
+        taken = torch.where(live, taken, 0)
+        finished = ~live | stop
+        rs.emitted[rows] = emitted + taken
+        rs.finished[rows] = finished
+        rs.seq_len[rows] = torch.where(live, n + count, n)
+        rs.pending[rows] = torch.where(live, bonus, roots)
+
+        j = torch.arange(2, device=rows.device)[None, :]
+        accept_nodes = torch.where(j < count[:, None], j, -1)
+        packed = torch.cat([torch.where(j < taken[:, None], produced, -1), taken[:, None], finished.long()[:, None],
+                            tokens, parents, accept_nodes], 1)
+        result = {"packed": packed}
+        if self.with_logits:
+            nodes = accept_nodes.clamp(min=0)
+            result["logits"] = out.logits[ar[:, None], nodes]
+            result["scale"] = out.scale[ar[:, None], nodes]
+        extend = {"rows": rows, "e0": e0, "t1": t1, "count": count, "hidden": out.hidden, "n": n,
+                  "req_ids": req_ids, "active": ~finished}
+        return result, extend
+
+    def _accept(self, out, rows, d, n, req_ids):
+        """(accepted [bs] bool, t0, t1): the token emitted at the root when the draft is rejected,
+        and the one after an accepted draft."""
+        if self.mode == "greedy":
+            predict = target_predict(out.logits)                     # [bs, 2]
+            t0, t1 = predict[:, 0], predict[:, 1]
+            return d == t0, t0, t1
+        bs, _, v = out.logits.shape
+        p = sampling_probs(out.logits.reshape(bs * 2, v), out.scale.reshape(bs * 2, 1), self.params).view(bs, 2, v)
+        draws = torch.tensor([COIN_DRAW, FINAL_DRAW], device=n.device)[None, :]
+        u = counter_uniforms(self.seed, req_ids[:, None], n[:, None], draws)      # [bs, 2]
+        coin, final = u[:, 0].contiguous(), u[:, 1].contiguous()
+        p0d = p[:, 0].gather(1, d[:, None])[:, 0]
+        if self.mode == "exact":
+            q = self.state.draft_q[rows]
+            accepted = coin < p0d / q.gather(1, d[:, None])[:, 0]
+            t0 = inverse_cdf((p[:, 0] - q).clamp(min=0.0), final)
+        else:
+            accepted = coin < p0d / self.state.draft_p[rows]
+            t0 = inverse_cdf(p[:, 0], final)                          # no residual: the shortcut's bias
+        return accepted, t0, inverse_cdf(p[:, 1], final)
+
+    # -- the cycle --------------------------------------------------------------------------------
+    def __call__(self, inp: dict) -> dict:
+        result, ext = self.verify(inp)
+        if self.fused:
+            # Both rows, one shape: e_0 with h_n, t_1 with h_{n+1}; the next draft from row count-1.
+            tokens = torch.stack([ext["e0"], ext["t1"]], 1)
+            self.draft(ext["rows"], tokens, torch.full_like(ext["count"], 2), ext["hidden"][:, :2], ext["n"],
+                       ext["req_ids"], ext["active"], ext["count"] - 1)
+        else:
+            # An engine without the fusion: the accept counts come back to the host, and the
+            # draft-extend runs over exactly the emitted tokens.
+            counts = ext["count"].tolist()
+            width = max(counts)
+            tokens = torch.stack([ext["e0"], ext["t1"]], 1)[:, :width]
+            q_lens = torch.tensor(counts, dtype=torch.int64, device=ext["n"].device)
+            self.draft(ext["rows"], tokens, q_lens, ext["hidden"][:, :width], ext["n"], ext["req_ids"],
+                       ext["active"], q_lens - 1)
+        return result
