@@ -158,6 +158,25 @@ def _int_vector(name: str, t, n: int, device) -> None:
         raise ValueError(f"{name} is on {t.device}, q on {device}: all inputs must be on one device")
 
 
+def _check_kv_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, nh: int, hd: int) -> None:
+    """The head size of q and the paged K / V caches' layout, dtype, device and GQA grouping."""
+    if hd < 16 or hd > 256 or hd & (hd - 1):
+        raise ValueError(f"q head_dim must be a power of two in [16, 256], got {hd}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 3 or t.shape[2] != hd:
+            raise ValueError(f"{name} must be [num_slots, num_kv_heads, {hd}], got shape {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all inputs must be on one device")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    nkv = k_cache.shape[1]
+    if nkv < 1 or nh % nkv:
+        raise ValueError(f"num_heads ({nh}) must be a multiple of k_cache's num_kv_heads ({nkv})")
+
+
+
 def paged_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                     rows: torch.Tensor, kv_lens: torch.Tensor, q_lens: torch.Tensor, tree_mask: torch.Tensor,
                     region: int = 0, scale: float | None = None, impl: str = "auto") -> torch.Tensor:
@@ -186,20 +205,7 @@ def paged_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     if q.dtype not in ATTENTION_TORCH_DTYPES:
         raise ValueError(f"q dtype {q.dtype} is not supported (float32, float16, bfloat16)")
     n, nq, nh, hd = q.shape
-    if hd < 16 or hd > 256 or hd & (hd - 1):
-        raise ValueError(f"q head_dim must be a power of two in [16, 256], got {hd}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dim() != 3 or t.shape[2] != hd:
-            raise ValueError(f"{name} must be [num_slots, num_kv_heads, {hd}], got shape {tuple(t.shape)}")
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all inputs must be on one device")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
-    nkv = k_cache.shape[1]
-    if nkv < 1 or nh % nkv:
-        raise ValueError(f"num_heads ({nh}) must be a multiple of k_cache's num_kv_heads ({nkv})")
+    _check_kv_cache(q, k_cache, v_cache, nh, hd)
     if req_to_token.dim() != 2 or req_to_token.dtype != torch.int64 or req_to_token.device != q.device:
         raise ValueError(f"req_to_token must be [max_requests, max_context] int64 on {q.device}, "
                          f"got {tuple(req_to_token.shape)} {req_to_token.dtype} on {req_to_token.device}")
@@ -354,20 +360,7 @@ def decode_attention_indexed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if q.dtype not in INDEXED_ATTENTION_TORCH_DTYPES:
         raise ValueError(f"q dtype {q.dtype} is not supported (float32, float16, bfloat16, float64)")
     n, nh, hd = q.shape
-    if hd < 16 or hd > 256 or hd & (hd - 1):
-        raise ValueError(f"q head_dim must be a power of two in [16, 256], got {hd}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dim() != 3 or t.shape[2] != hd:
-            raise ValueError(f"{name} must be [num_slots, num_kv_heads, {hd}], got shape {tuple(t.shape)}")
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all inputs must be on one device")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
-    nkv = k_cache.shape[1]
-    if nkv < 1 or nh % nkv:
-        raise ValueError(f"num_heads ({nh}) must be a multiple of k_cache's num_kv_heads ({nkv})")
+    _check_kv_cache(q, k_cache, v_cache, nh, hd)
     _index_tensor("kv_indptr", kv_indptr, 1, f"[N + 1] = [{n + 1}]", q.device)
     _index_tensor("kv_indices", kv_indices, 1, "[capacity]", q.device)
     if kv_indptr.shape[0] != n + 1:
