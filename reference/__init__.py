@@ -7,7 +7,7 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 - `convert_logits` / `greedy_token`: logits dtypes, FP8 included, and the tie rule (sections 2-3);
 - `filtered_probs` / `draw` / `sample_token` / `counter_uniform`: sampling (section 4);
 - `generate`: target-only generation (section 5), the output every decoder must reproduce;
-- `select_draft_topk` / `topk_order` / `build_tree` / `greedy_verify` / `stochastic_verify`:
+- `select_draft_topk` / `topk_order` / `build_tree` / `greedy_verify` / `stochastic_verify` / `naive_verify`:
   the speculative ops (section 6), and `first_token_distribution` / `emitted_path_probability`,
   the exact law of stochastic verify's output;
 - `eagle` (`generate_speculative`, `SpecReferenceOutput`, `RequestTrace`, `CycleTrace`, `NearTie`):
@@ -43,6 +43,7 @@ from reference.spec import (
     emitted_path_probability,
     first_token_distribution,
     greedy_verify,
+    naive_verify,
     select_draft_topk,
     stochastic_verify,
     topk_order,
@@ -75,6 +76,7 @@ __all__ = [
     "generate_speculative",
     "greedy_token",
     "greedy_verify",
+    "naive_verify",
     "legacy_decode",
     "legacy_encode",
     "logprob_record",

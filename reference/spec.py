@@ -357,6 +357,45 @@ def stochastic_verify(tokens, parents, target_probs, coins, final, *, num_steps:
     return _pad(path, num_steps + 1), len(path) - 1, bonus
 
 
+def naive_verify(target_probs, draft: int, coin, final, *, draft_q=None, draft_p=None) -> tuple[list[int], int, int]:
+    """The naive-EAGLE accept step of one request (section 6.7): the chain [root, draft].
+
+    target_probs [2, V] float64: p_0 (at the root), p_1 (after the draft token); draft: d;
+    coin, final: uniforms in [0, 1). Exactly one of draft_q [V] (exact sampling: d was drawn from
+    q; a rejection draws from max(p_0 - q, 0)) and draft_p (the shortcut: q(d) = draft_p; a
+    rejection draws from p_0). d is accepted iff coin < p_0(d) / q(d) in IEEE float64 (q(d) = 0:
+    the ratio is +inf, or NaN when p_0(d) = 0 too, which rejects). The bonus after an accepted d is
+    drawn from p_1. Returns (accept_nodes [2], num_correct, bonus).
+    """
+    if (draft_q is None) == (draft_p is None):
+        raise ValueError("draft_q / draft_p: give exactly one (exact sampling / the shortcut)")
+    probs = _probs_rows(target_probs, 2)
+    V = len(probs[0])
+    if not (isinstance(draft, (int, np.integer)) and 0 <= draft < V):
+        raise ValueError(f"draft: a token id in [0, {V}), got {draft!r}")
+    coin, final = _check_uniform("coin", coin), _check_uniform("final", final)
+    if draft_q is not None:
+        q = [float(x) for x in np.asarray(draft_q, dtype=np.float64)]
+        if len(q) != V:
+            raise ValueError(f"draft_q: expected {V} probabilities, got {len(q)}")
+        q_d = q[draft]
+    else:
+        q_d = float(draft_p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.float64(probs[0][draft]) / np.float64(q_d)
+    if coin < ratio:
+        row = probs[1]
+    elif draft_q is not None:
+        row = [max(a - b, 0.0) for a, b in zip(probs[0], q)]
+    else:
+        row = probs[0]
+    total = _running_sum(row)
+    if not total > 0.0:
+        raise ValueError("target_probs: the row to draw from has no positive mass; nothing can be drawn")
+    accepted = bool(coin < ratio)
+    return [0, 1 if accepted else -1], int(accepted), draw(row, final * total)
+
+
 def _running_sum(xs: list[float]) -> float:
     """Left-to-right float64 sum: the last value of the cumulative sum `draw` walks (builtin sum()
     compensates rounding since Python 3.12, and could land above it)."""

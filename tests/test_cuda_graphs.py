@@ -9,7 +9,8 @@ the function at the live shape, graphs without padding are refused.
 - a capture survives an earlier runner's graph turning into cyclic garbage inside it (the
   collector stays off while the runner captures: the root cause of the old capture failure);
 - the captured cycle runs under `torch.cuda.set_sync_debug_mode("error")` with exactly one
-  readback per step (speculative, greedy and sampled, topk 1 and 4, and target-only), in a
+  readback per step (speculative, greedy and sampled, topk 1 and 4, naive EAGLE exact and shortcut,
+  and target-only), in a
   steady batch and in one where a request finishes inside the checked steps;
 - graph == eager bit for bit over many cycles while the live batch shrinks inside and across
   buckets: tokens, traces, the device state of every running row, the target and draft K/V at
@@ -28,6 +29,7 @@ reference's logit near-tie threshold from float64's to float32's rounding (FLOAT
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import types
@@ -53,7 +55,9 @@ from tests.test_device_cycle import assert_pad_row_maps_to_sink, assert_same_liv
 VOCAB = 389
 SEED = 19
 SAMPLING = {"greedy": SamplingParams(), "t0.7-topk20": SamplingParams(temperature=0.7, top_k=20)}
-GPU_SPECS = {1: SpecConfig(num_steps=3, topk=1), 4: SpecConfig(num_steps=3, topk=4, num_draft_tokens=8)}
+GPU_SPECS = {"topk1": SpecConfig(num_steps=3, topk=1), "topk4": SpecConfig(num_steps=3, topk=4, num_draft_tokens=8),
+             "naive": SpecConfig(algorithm="naive_eagle"),
+             "naive-shortcut": SpecConfig(algorithm="naive_eagle", naive_sampling="inexact_shortcut")}
 # float32 forwards differ from the reference's float64 by ~5e-7 of a row's largest logit (measured
 # on the tiny preset); the float64 threshold (1e-10) would call none of that a near-tie.
 FLOAT32_REL_LOGIT = 1e-5
@@ -212,10 +216,10 @@ def run_under_sync_check(dec, reqs, change):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("change", list(SYNC_BUDGETS))
-@pytest.mark.parametrize("topk", list(GPU_SPECS), ids=lambda k: f"topk{k}")
+@pytest.mark.parametrize("spec_name", list(GPU_SPECS))
 @pytest.mark.parametrize("sampling", list(SAMPLING))
-def test_captured_cycle_syncs_only_for_its_readback(sampling, topk, change):
-    prompts, budgets, spec = ragged_prompts(31, 4, VOCAB, max_len=10), SYNC_BUDGETS[change], GPU_SPECS[topk]
+def test_captured_cycle_syncs_only_for_its_readback(sampling, spec_name, change):
+    prompts, budgets, spec = ragged_prompts(31, 4, VOCAB, max_len=10), SYNC_BUDGETS[change], GPU_SPECS[spec_name]
     models = steered_models(gpu_models(), prompts, budgets, agreement=0.7, spec=spec)
     dec, reqs = start_decoder(models, spec, SAMPLING[sampling], prompts, budgets, eos=None, pad_batches=None)
     assert dec.use_graphs and dec.pad_batches
@@ -244,17 +248,16 @@ GRAPH_MODELS = {
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("model", list(GRAPH_MODELS.values()), ids=list(GRAPH_MODELS))
-@pytest.mark.parametrize("topk", list(GPU_SPECS), ids=lambda k: f"topk{k}")
+@pytest.mark.parametrize("spec_name", list(GPU_SPECS))
 @pytest.mark.parametrize("sampling", list(SAMPLING))
-def test_graph_replay_equals_eager_bit_for_bit(sampling, topk, model):
+def test_graph_replay_equals_eager_bit_for_bit(sampling, spec_name, model):
     """Eight requests with ragged budgets: the batch shrinks 8 -> ... -> 1 over the cycles, inside
     buckets (the rows a graph replays on change) and across them (a capture per bucket)."""
     prompts = ragged_prompts(37, 8, VOCAB, max_len=10)
     budgets = [3, 5, 8, 11, 15, 19, 26, 34]
-    spec = GPU_SPECS[topk]
+    spec = GPU_SPECS[spec_name]
     models = steered_models(gpu_models(**model), prompts, budgets, agreement=0.7, spec=spec)
-    eager_spec = SpecConfig(num_steps=spec.num_steps, topk=spec.topk, num_draft_tokens=spec.draft_tokens,
-                            cuda_graph=False)
+    eager_spec = dataclasses.replace(spec, cuda_graph=False)
     params = SAMPLING[sampling]
     graph, greqs = start_decoder(models, spec, params, prompts, budgets, eos=None, pad_batches=None)
     eager, ereqs = start_decoder(models, eager_spec, params, prompts, budgets, eos=None, pad_batches=None)
@@ -281,7 +284,7 @@ def test_graph_replay_equals_eager_bit_for_bit(sampling, topk, model):
 @pytest.mark.cuda
 @pytest.mark.parametrize("sampling", list(SAMPLING))
 def test_abort_on_the_graph_path_spares_the_other_requests(sampling):
-    prompts, budgets, spec = ragged_prompts(41, 4, VOCAB, max_len=10), [24, 30, 24, 28], GPU_SPECS[4]
+    prompts, budgets, spec = ragged_prompts(41, 4, VOCAB, max_len=10), [24, 30, 24, 28], GPU_SPECS["topk4"]
     models = steered_models(gpu_models(), prompts, budgets, agreement=0.7, spec=spec)
     params = SAMPLING[sampling]
     cut, creqs = start_decoder(models, spec, params, prompts, budgets, eos=None, pad_batches=None)

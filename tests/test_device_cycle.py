@@ -24,6 +24,8 @@ tests/test_cuda_graphs.py, which runs the graph-vs-eager versions of these check
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 
 import pytest
@@ -69,7 +71,11 @@ def state_rows(dec, req) -> dict[str, torch.Tensor]:
     """Everything the decoder keeps on the device for the request's row."""
     st, rs, row = dec.state, dec.state.requests, req.row
     rows = {name: getattr(rs, name)[row] for name in ("seq_len", "pending", "emitted", "budget", "finished", "req_id")}
-    rows.update(kept_flat=st.kept_flat[row], kept_tokens=st.kept_tokens[row], beam_flat=st.beam_flat[row])
+    for field in dataclasses.fields(st):       # the algorithm's own state (EagleState, NaiveState)
+        if field.name != "requests":
+            rows[field.name] = getattr(st, field.name)[row]
+    if rs.penalty is not None:
+        rows.update(penalty_counts=rs.penalty.counts[row], penalty_prompt=rs.penalty.prompt[row])
     for i, buf in enumerate(dec.cache.states.state):
         rows[f"recurrent[{i}]"] = buf[row]
     return rows

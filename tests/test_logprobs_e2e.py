@@ -22,6 +22,7 @@ ALGORITHMS = {
     "target-only": None,
     "eagle-chain": SpecConfig(num_steps=3, topk=1),
     "eagle-tree": SpecConfig(num_steps=3, topk=2, num_draft_tokens=6),
+    "naive-eagle": SpecConfig(algorithm="naive_eagle"),
 }
 SAMPLING = {"greedy": {}, "sampled": dict(temperature=0.8, top_p=0.95)}
 
@@ -61,7 +62,7 @@ def test_logprobs_match_reference(algorithm, mode, n, logits_dtype, seed):
                              f"{algorithm}/{mode}/{logits_dtype} request {r}")
 
 
-@pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree"])
+@pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree", "naive-eagle"])
 def test_speculative_and_target_only_logprobs_agree(algorithm, seed):
     plain = cached_models(compute_dtype="float64")
     prompts = ragged_prompts(seed, 4, plain.config.vocab_size, max_len=8)

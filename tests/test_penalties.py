@@ -9,7 +9,7 @@ EAGLE speculative decoding.
   together, greedy and sampled, in ragged batches, with EOS and max_new_tokens=1; each penalty set
   changes the output (the comparison is not vacuous); penalties off give today's tokens and
   allocate nothing;
-- EAGLE (topk 1 and 2) is lossless with penalties: greedy speculative == greedy target-only with
+- EAGLE (topk 1 and 2, and naive EAGLE) is lossless with penalties: greedy speculative == greedy target-only with
   the same penalties, and its per-cycle trace equals the reference speculative decoder's (greedy
   and sampled), with drafts steered towards the penalized greedy continuation so that accepted
   paths are deep and the tree-node context (drafts on the path) decides;
@@ -218,7 +218,14 @@ def test_logprobs_stay_raw_with_penalties():
 # -- EAGLE -----------------------------------------------------------------------------------------
 
 EAGLE_SPECS = {"chain-S3": SpecConfig(num_steps=3, topk=1),
-               "tree-k2-S3-D6": SpecConfig(num_steps=3, topk=2, num_draft_tokens=6, page_size=4)}
+               "tree-k2-S3-D6": SpecConfig(num_steps=3, topk=2, num_draft_tokens=6, page_size=4),
+               "naive-p4": SpecConfig(algorithm="naive_eagle", page_size=4)}
+
+
+# The naive chain's second verify row sees its one draft token in its context; it decides where
+# the draft is a token's first occurrence and the penalties reward repeats (r < 1, p < 0): runs of
+# repeats that start on such a cycle need longer outputs than the trees' deep paths do.
+LOSSLESS_BUDGETS = {"naive-p4": [20, 20, 20, 1]}
 
 
 @pytest.mark.parametrize("pen", ["rep1.3", "freq0.7", "all"])
@@ -226,15 +233,16 @@ EAGLE_SPECS = {"chain-S3": SpecConfig(num_steps=3, topk=1),
 def test_eagle_greedy_is_lossless_with_penalties(name, pen, request):
     """Greedy speculative == greedy target-only with the same penalties (both implementations),
     with drafts accepted deep into the tree, where a node's context holds the drafts above it."""
-    spec = EAGLE_SPECS[name]
+    spec, budgets = EAGLE_SPECS[name], LOSSLESS_BUDGETS.get(name, BUDGETS)
     plain = cached_models(compute_dtype="float64", logits_dtype="float8_e4m3fn")
-    models = penalty_steered(plain, PROMPTS, BUDGETS, spec, PENALTIES[pen])
-    got = specverify.generate(models, PROMPTS, spec=spec, max_new_tokens=BUDGETS, **PENALTIES[pen])
-    target = specverify.generate(plain, PROMPTS, max_new_tokens=BUDGETS, **PENALTIES[pen]).tokens
+    models = penalty_steered(plain, PROMPTS, budgets, spec, PENALTIES[pen])
+    got = specverify.generate(models, PROMPTS, spec=spec, max_new_tokens=budgets, **PENALTIES[pen])
+    target = specverify.generate(plain, PROMPTS, max_new_tokens=budgets, **PENALTIES[pen]).tokens
     assert_tokens_equal(got.tokens, target, f"EAGLE {name} vs target-only, {pen}", request.node.nodeid)
-    assert_tokens_equal(got.tokens, reference.generate(plain, PROMPTS, max_new_tokens=BUDGETS, **PENALTIES[pen]).tokens,
+    assert_tokens_equal(got.tokens, reference.generate(plain, PROMPTS, max_new_tokens=budgets, **PENALTIES[pen]).tokens,
                         f"EAGLE {name} vs reference, {pen}", request.node.nodeid)
-    assert max(n for lengths in got.accept_lengths for n in lengths) >= 3, got.accept_lengths
+    deepest = min(3, spec.num_steps + 1)       # naive EAGLE emits at most 2 per cycle
+    assert max(n for lengths in got.accept_lengths for n in lengths) >= deepest, got.accept_lengths
 
 
 def compare_trace(models, hook, prompts, budgets, spec, kwargs) -> int:
@@ -264,6 +272,7 @@ TRACE_CASES = {
     "greedy-tree-e4m3fn": ("tree-k2-S3-D6", "float8_e4m3fn", "rep1.3", SAMPLING["greedy"]),
     "sampled-chain-e5m2": ("chain-S3", "float8_e5m2", "freq0.7", dict(temperature=0.3, top_k=20, seed=3)),
     "sampled-tree-f32": ("tree-k2-S3-D6", "float32", "all", dict(temperature=0.3, min_p=0.05, seed=9)),
+    "greedy-naive-e4m3fnuz": ("naive-p4", "float8_e4m3fnuz", "all", SAMPLING["greedy"]),
 }
 
 
@@ -342,11 +351,17 @@ def law_of_token(index: int, pen: tuple) -> dict:
 PEN_TUPLE = (LAW_PEN["repetition_penalty"], LAW_PEN["frequency_penalty"], LAW_PEN["presence_penalty"])
 
 
-def test_eagle_sampling_with_penalties_matches_target_law():
-    """DRAWS requests of one prompt (each its own uniform stream), a k=2 tree with steered
-    drafts: output tokens 1 (the first cycle's root row) and 2 (a depth-1 node's row when the first
-    draft was accepted: the tree-node context) follow the penalized target-only law."""
-    spec = SpecConfig(num_steps=2, topk=2, num_draft_tokens=4)
+LAW_SPECS = {"tree-k2-S2-D4": SpecConfig(num_steps=2, topk=2, num_draft_tokens=4),
+             "naive-exact": SpecConfig(algorithm="naive_eagle")}
+
+
+@pytest.mark.parametrize("name", list(LAW_SPECS))
+def test_eagle_sampling_with_penalties_matches_target_law(name):
+    """DRAWS requests of one prompt (each its own uniform stream), steered drafts (a k=2 tree; the
+    naive chain with exact sampling): output tokens 1 (the first cycle's root row) and 2 (a
+    depth-1 node's row when the first draft was accepted: the tree-node context) follow the
+    penalized target-only law."""
+    spec = LAW_SPECS[name]
     prompts = [LAW_PROMPT] * DRAWS
     models = penalty_steered(cached_models(**LAW_MODELS), prompts, 3, spec, LAW_PEN, agreement=0.7)
     out = specverify.generate(models, prompts, spec=spec, max_new_tokens=3, seed=RUN_SEED, **LAW_SAMPLING, **LAW_PEN)
@@ -409,9 +424,14 @@ def test_bounds_are_accepted():
 
 # -- CUDA: the captured cycles --------------------------------------------------------------------
 
+CAPTURED_SPECS = {"tree-k2-S3-D6": dict(num_steps=3, topk=2, num_draft_tokens=6),
+                  "naive": dict(algorithm="naive_eagle")}
+
+
 @pytest.mark.cuda
+@pytest.mark.parametrize("name", list(CAPTURED_SPECS))
 @pytest.mark.parametrize("sampling", ["greedy", "t0.7-topk20"])
-def test_captured_cycles_with_penalties(sampling):
+def test_captured_cycles_with_penalties(sampling, name):
     """On the device, with penalties: the captured speculative cycle and target-only step sync
     only for their readback, and graph replays equal eager runs bit for bit."""
     from tests.test_cuda_graphs import gpu_models, run_under_sync_check
@@ -419,7 +439,7 @@ def test_captured_cycles_with_penalties(sampling):
     pen = PENALTIES["all"]
     params = SamplingParams(**pen) if sampling == "greedy" else SamplingParams(temperature=0.7, top_k=20, **pen)
     prompts = ragged_prompts(31, 4, VOCAB, max_len=10)
-    spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+    spec = SpecConfig(**CAPTURED_SPECS[name])
     models = steered_models(gpu_models(), prompts, 40, agreement=0.7, spec=spec,
                             oracle=penalized_oracle(gpu_models(), prompts, [60] * 4, pen).cuda())
     dec, reqs = start_decoder(models, spec, params, prompts, [6, 40, 40, 40], eos=None, pad_batches=None)
@@ -432,7 +452,7 @@ def test_captured_cycles_with_penalties(sampling):
     run_under_sync_check(tdec, treqs, "finishes")
 
     budgets = [3, 9, 17, 30]
-    eager_spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6, cuda_graph=False)
+    eager_spec = SpecConfig(**CAPTURED_SPECS[name], cuda_graph=False)
     graph, greqs = start_decoder(models, spec, params, prompts, budgets, eos=None, pad_batches=None)
     eager, ereqs = start_decoder(models, eager_spec, params, prompts, budgets, eos=None, pad_batches=None)
     while graph.running() or eager.running():

@@ -56,10 +56,6 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
                              page_size=page_size, platform=platform)
         return GenerationOutput([r.output for r in reqs], logprobs_out(channel))
     check_spec_fit(cfg, spec, prompts, budgets)
-    if params.penalized and spec.algorithm not in PENALIZED_ALGORITHMS:
-        raise ValueError(f"spec.algorithm {spec.algorithm!r} does not apply the sampling penalties yet (algorithms "
-                         f"that do: {PENALIZED_ALGORITHMS}); use repetition_penalty=1, frequency_penalty=0, "
-                         f"presence_penalty=0 or another algorithm")
     channel = LogprobChannel(len(reqs), logprobs, max_rows=spec.num_steps + 1) if logprobs else None
     traces = generate_speculative(models, reqs, spec, params, seed=seed, eos_token_id=eos_token_id,
                                   channel=channel, platform=platform, trace=trace)
@@ -78,10 +74,6 @@ def check_spec_fit(cfg: ModelConfig, spec: SpecConfig, prompts, budgets: list[in
             raise ValueError(f"prompts[{i}]: prompt length {len(p)} + max_new_tokens {n} + draft region "
                              f"{region + 1} exceeds max_context {cfg.max_context}")
 
-
-# Speculative algorithms whose cycle penalizes its verify rows (docs/semantics.md section 7); any
-# other refuses an active penalty rather than decode with an unpenalized target.
-PENALIZED_ALGORITHMS = ("eagle",)
 
 MAX_SEED = 2**32 - 1    # the counter uniforms take 32-bit seeds (docs/semantics.md section 4)
 

@@ -9,8 +9,9 @@ Per request with n cached tokens, pending root x_n and draft token d:
   accept with probability min(1, p(d)/q(d)), else draw from max(p - q, 0)), or the original
   inexact shortcut (SpecConfig.naive_sampling); the K/V of both verify tokens already sit at
   [n, n+2), so nothing moves: a rejected draft's entry is overwritten by the next cycle;
-- draft-extend: always both rows, (e_0, h_n) and (t_1, h_{n+1}) at draft indices n and n+1, where
-  e_0 is the first emitted token; the next draft comes from the row of the last emitted token
+- draft-extend: always both rows, (e_0, h_n) and (e_1, h_{n+1}) at draft indices n and n+1, where
+  e_0 is the first emitted token and e_1 the second (the bonus after an accepted draft; after a
+  rejection, any token: its row is dropped); the next draft comes from the row of the last emitted token
   (the "save index": the second row if the draft was accepted, else the first). The second row of
   a rejected draft is computed and dropped, so the extend has one shape whatever was accepted.
 
@@ -31,10 +32,11 @@ import torch
 
 from specverify.engine.device_state import RequestState, extend_batch, stop_mask
 from specverify.engine.eagle_cycle import packed_width
-from specverify.engine.sampling import SamplingParams, sampling_probs
+from specverify.engine.penalties import penalize, tree_counts
+from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
 from specverify.engine.spec_config import SpecConfig
 from specverify.engine.uniforms import counter_uniforms
-from specverify.kernels.verify import inverse_cdf, target_predict
+from specverify.kernels.verify import inverse_cdf, target_predict, verify_naive
 from specverify.models import Batch, ModelCache, Models, chain_mask
 from specverify.ops import create_draft_kv_indices, draft_topk
 from specverify.platform import PlatformProfile
@@ -112,11 +114,10 @@ class NaiveCycle:
         batch = Batch(tokens, n[:, None] + torch.arange(2, device=rows.device), rows, n, torch.where(live, 2, 0),
                       mask, parents, req_ids=req_ids, kv_index_list=index_list)
         out = self.models.target.forward(self.cache, batch, commit_state=False)
-        accepted, t0, t1 = self._accept(out, rows, d, n, req_ids)
+        accepted, bonus = self._accept(out, rows, tokens, mask, n, req_ids)
         count = 1 + accepted.long()
-        e0 = torch.where(accepted, d, t0)
-        produced = torch.stack([e0, torch.where(accepted, t1, 0)], 1)
-        bonus = torch.where(accepted, t1, t0)
+        e0 = torch.where(accepted, d, bonus)
+        produced = torch.stack([e0, torch.where(accepted, bonus, 0)], 1)
         ar = torch.arange(bs, device=rows.device)
         for r_layer, inter in enumerate(out.rec_states):            # the state after the last kept node
             buf = self.cache.states.state[r_layer]
@@ -126,6 +127,8 @@ class NaiveCycle:
         taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)
         taken = torch.where(live, taken, 0)
         finished = ~live | stop
+        if rs.penalty is not None:
+            rs.penalty.record(rows, produced, taken)
         rs.emitted[rows] = emitted + taken
         rs.finished[rows] = finished
         rs.seq_len[rows] = torch.where(live, n + count, n)
@@ -140,38 +143,44 @@ class NaiveCycle:
             nodes = accept_nodes.clamp(min=0)
             result["logits"] = out.logits[ar[:, None], nodes]
             result["scale"] = out.scale[ar[:, None], nodes]
-        extend = {"rows": rows, "e0": e0, "t1": t1, "count": count, "hidden": out.hidden, "n": n,
+        extend = {"rows": rows, "e0": e0, "e1": bonus, "count": count, "hidden": out.hidden, "n": n,
                   "req_ids": req_ids, "active": ~finished}
         return result, extend
 
-    def _accept(self, out, rows, d, n, req_ids):
-        """(accepted [bs] bool, t0, t1): the token emitted at the root when the draft is rejected,
-        and the one after an accepted draft."""
-        if self.mode == "greedy":
-            predict = target_predict(out.logits)                     # [bs, 2]
-            t0, t1 = predict[:, 0], predict[:, 1]
-            return d == t0, t0, t1
+    def _accept(self, out, rows, tokens, mask, n, req_ids):
+        """(accepted [bs] bool, bonus [bs]): whether the draft is accepted, and the token emitted
+        after the accepted nodes. With a penalty on, both target rows are penalized by their own
+        context (the output so far; the draft token too for the second row); the draft is not."""
         bs, _, v = out.logits.shape
-        p = sampling_probs(out.logits.reshape(bs * 2, v), out.scale.reshape(bs * 2, 1), self.params).view(bs, 2, v)
+        penalty = self.state.requests.penalty
+        if penalty is not None:
+            counts, prompt = penalty.context(rows)
+            z = dequantize(out.logits.reshape(bs * 2, v), out.scale.reshape(bs * 2, 1)).view(bs, 2, v)
+            z = penalize(z, tree_counts(counts, tokens, mask), prompt[:, None, :], self.params)
+        if self.mode == "greedy":
+            predict = target_predict(out.logits) if penalty is None else torch.argmax(z, dim=-1)   # [bs, 2]
+            accepted = tokens[:, 1] == predict[:, 0]
+            return accepted, torch.where(accepted, predict[:, 1], predict[:, 0])
+        if penalty is None:
+            p = sampling_probs(out.logits.reshape(bs * 2, v), out.scale.reshape(bs * 2, 1), self.params)
+        else:
+            p = probs_from_z(z.reshape(bs * 2, v), self.params)
         draws = torch.tensor([COIN_DRAW, FINAL_DRAW], device=n.device)[None, :]
         u = counter_uniforms(self.seed, req_ids[:, None], n[:, None], draws)      # [bs, 2]
         coin, final = u[:, 0].contiguous(), u[:, 1].contiguous()
-        p0d = p[:, 0].gather(1, d[:, None])[:, 0]
         if self.mode == "exact":
-            q = self.state.draft_q[rows]
-            accepted = coin < p0d / q.gather(1, d[:, None])[:, 0]
-            t0 = inverse_cdf((p[:, 0] - q).clamp(min=0.0), final)
+            shortcut = {"draft_q": self.state.draft_q[rows]}
         else:
-            accepted = coin < p0d / self.state.draft_p[rows]
-            t0 = inverse_cdf(p[:, 0], final)                          # no residual: the shortcut's bias
-        return accepted, t0, inverse_cdf(p[:, 1], final)
+            shortcut = {"draft_p": self.state.draft_p[rows]}
+        _, num_correct, bonus = verify_naive(p.view(bs, 2, v), tokens[:, 1], coin, final, checked=False, **shortcut)
+        return num_correct == 1, bonus
 
     # -- the cycle --------------------------------------------------------------------------------
     def __call__(self, inp: dict) -> dict:
         result, ext = self.verify(inp)
         if self.fused:
             # Both rows, one shape: e_0 with h_n, t_1 with h_{n+1}; the next draft from row count-1.
-            tokens = torch.stack([ext["e0"], ext["t1"]], 1)
+            tokens = torch.stack([ext["e0"], ext["e1"]], 1)
             self.draft(ext["rows"], tokens, torch.full_like(ext["count"], 2), ext["hidden"][:, :2], ext["n"],
                        ext["req_ids"], ext["active"], ext["count"] - 1)
         else:
@@ -179,7 +188,7 @@ class NaiveCycle:
             # draft-extend runs over exactly the emitted tokens.
             counts = ext["count"].tolist()
             width = max(counts)
-            tokens = torch.stack([ext["e0"], ext["t1"]], 1)[:, :width]
+            tokens = torch.stack([ext["e0"], ext["e1"]], 1)[:, :width]
             q_lens = torch.tensor(counts, dtype=torch.int64, device=ext["n"].device)
             self.draft(ext["rows"], tokens, q_lens, ext["hidden"][:, :width], ext["n"], ext["req_ids"],
                        ext["active"], q_lens - 1)

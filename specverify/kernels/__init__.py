@@ -6,7 +6,7 @@ the CPU, where Triton only runs interpreted (TRITON_INTERPRET=1).
 """
 
 from specverify.kernels.tree import DraftTree, build_tree, chain_tree, num_candidates
-from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
+from specverify.kernels.verify import target_predict, verify_greedy, verify_naive, verify_stochastic
 
-__all__ = ["DraftTree", "build_tree", "chain_tree", "num_candidates", "target_predict", "verify_greedy",
+__all__ = ["DraftTree", "build_tree", "chain_tree", "num_candidates", "target_predict", "verify_greedy", "verify_naive",
            "verify_stochastic"]

@@ -320,3 +320,57 @@ def inverse_cdf(residual: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     last_positive = torch.where(residual > 0, idx, -1).amax(-1)
     fallback = torch.where(last_positive >= 0, last_positive, vocab - 1)
     return torch.where(first < vocab, first, fallback)
+
+
+def verify_naive(target_probs: torch.Tensor, draft: torch.Tensor, coin: torch.Tensor, final: torch.Tensor, *,
+                 draft_q: torch.Tensor | None = None, draft_p: torch.Tensor | None = None,
+                 checked: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The naive-EAGLE accept step (docs/semantics.md 6.7) over the 2-node chain [root, draft].
+
+    target_probs: [bs, 2, V] float64, p_0 (at the root) and p_1 (after the draft token);
+    draft: [bs] int64 the draft token d; coin, final: [bs] float64 in [0, 1).
+    Exactly one of
+      draft_q [bs, V] float64: exact speculative sampling, d was drawn from q: accepted iff
+        coin < p_0(d) / q(d) (IEEE division: q(d) = 0 accepts iff p_0(d) > 0); a rejection
+        draws from max(p_0 - q, 0);
+      draft_p [bs] float64: the original inexact shortcut, q(d) = draft_p: the same coin, and a
+        rejection draws from p_0 itself (no residual);
+    the bonus after an accepted draft is drawn from p_1. Both draws use `final` (inverse CDF, 6.4).
+    checked: also check the values (one device read); shapes and dtypes are always checked.
+    Returns (accept_nodes [bs, 2] int64 ([0, 1] or [0, -1]), num_correct [bs] int64, bonus [bs] int64).
+    """
+    if (draft_q is None) == (draft_p is None):
+        raise ValueError("verify_naive: pass exactly one of draft_q (exact sampling) and draft_p (the shortcut)")
+    if not isinstance(target_probs, torch.Tensor) or target_probs.dim() != 3 or target_probs.shape[1] != 2:
+        raise ValueError("target_probs must be a 3-D tensor [bs, 2, V]")
+    bs, _, vocab = target_probs.shape
+    device = target_probs.device
+    if vocab < 1:
+        raise ValueError("target_probs must have a non-empty vocabulary dimension")
+    check_tensor("target_probs", target_probs, (bs, 2, vocab), torch.float64, device)
+    check_tensor("draft", draft, (bs,), torch.int64, device)
+    check_tensor("coin", coin, (bs,), torch.float64, device)
+    check_tensor("final", final, (bs,), torch.float64, device)
+    if draft_q is not None:
+        check_tensor("draft_q", draft_q, (bs, vocab), torch.float64, device)
+    else:
+        check_tensor("draft_p", draft_p, (bs,), torch.float64, device)
+    if checked and not capturing(device) and bs > 0:
+        _raise_first([
+            ((coin < 0) | (coin >= 1) | coin.isnan(), "coin must lie in [0, 1)"),
+            ((final < 0) | (final >= 1) | final.isnan(), "final must lie in [0, 1)"),
+            ((draft < 0) | (draft >= vocab), f"draft must lie in [0, {vocab}) (the vocab of target_probs)"),
+        ])
+    p0, p1 = target_probs[:, 0], target_probs[:, 1]
+    d = draft.clamp(0, vocab - 1)[:, None]
+    p0d = p0.gather(1, d)[:, 0]
+    if draft_q is not None:
+        accepted = coin < p0d / draft_q.gather(1, d)[:, 0]
+        rejected_draw = inverse_cdf((p0 - draft_q).clamp(min=0.0), final)
+    else:
+        accepted = coin < p0d / draft_p
+        rejected_draw = inverse_cdf(p0, final)
+    bonus = torch.where(accepted, inverse_cdf(p1, final), rejected_draw)
+    num_correct = accepted.long()
+    accept_nodes = torch.stack([torch.zeros_like(num_correct), torch.where(accepted, 1, -1)], 1)
+    return accept_nodes, num_correct, bonus

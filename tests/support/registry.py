@@ -40,7 +40,7 @@ from specverify.kernels.attention import BLOCK_N as ATTENTION_BLOCK_N
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.kernels.indexed_attention import BLOCK_N as INDEXED_ATTENTION_BLOCK_N
 from specverify.kernels.tree import build_tree
-from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
+from specverify.kernels.verify import target_predict, verify_greedy, verify_naive, verify_stochastic
 from specverify.protocol import message as msg
 from specverify.spec.eagle import expand_search, finish_search, start_search
 from tests.support import strategies as S
@@ -531,6 +531,114 @@ def _stochastic_errors():
                      "target_probs must have a non-empty vocabulary dimension", "target_probs")
     yield ErrorInput("coin-is-1", call(c=torch.ones((2, 4), dtype=torch.float64)), ValueError,
                      r"coins must lie in \[0, 1\)", "coins")
+
+
+# ---------------------------------------------------------------------------------------------
+# the naive-EAGLE accept step (docs/semantics.md 6.7)
+
+
+def _naive_impl(s: SampleInput, profile) -> dict:
+    a = s.args
+    accept, n, bonus = verify_naive(a["probs"], a["draft"], a["coin"], a["final"], **a["mode"])
+    return {"accept_nodes": accept, "num_correct": n, "bonus": bonus}
+
+
+def _naive_ref(s: SampleInput) -> dict:
+    a = s.args
+    out = []
+    for b in range(a["draft"].shape[0]):
+        mode = ({"draft_q": a["mode"]["draft_q"][b].numpy()} if "draft_q" in a["mode"]
+                else {"draft_p": float(a["mode"]["draft_p"][b])})
+        out.append(reference.naive_verify(a["probs"][b].numpy(), int(a["draft"][b]), float(a["coin"][b]),
+                                          float(a["final"][b]), **mode))
+    return _verify_out(out, 2)
+
+
+def _naive_sample(name, seed, probs, draft, coin, final, *, q=None, p=None):
+    mode = {"draft_q": q.double()} if q is not None else {"draft_p": torch.as_tensor(p, dtype=torch.float64)}
+    return SampleInput(name, {"probs": probs.double(), "draft": torch.as_tensor(draft, dtype=torch.int64),
+                              "coin": torch.as_tensor(coin, dtype=torch.float64),
+                              "final": torch.as_tensor(final, dtype=torch.float64), "mode": mode}, seed)
+
+
+def _naive_random(name, seed, bs, vocab, exact: bool, agree: float = 0.5):
+    """Target rows from tie-heavy logits; the draft's q a sharper or flatter copy of p_0 (so the
+    ratio p_0(d) / q(d) lands on both sides of the coin), d drawn from q."""
+    gen = torch.Generator().manual_seed(seed)
+    x = S.tie_heavy_rows(gen, bs * 2, vocab).view(bs, 2, vocab).double()
+    probs = torch.softmax(x * 0.7, -1)
+    temper = torch.where(torch.rand((bs, 1), generator=gen) < agree, 1.0, 2.5).double()
+    q = torch.softmax(x[:, 0] * 0.7 * temper, -1)
+    u0 = torch.rand(bs, generator=gen, dtype=torch.float64)
+    draft = (torch.cumsum(q, -1) <= u0[:, None] * q.sum(-1, keepdim=True)).sum(-1).clamp(max=vocab - 1)
+    coin = torch.rand(bs, generator=gen, dtype=torch.float64)
+    final = torch.rand(bs, generator=gen, dtype=torch.float64)
+    if exact:
+        return _naive_sample(name, seed, probs, draft, coin, final, q=q)
+    return _naive_sample(name, seed, probs, draft, coin, final, p=q.gather(1, draft[:, None])[:, 0])
+
+
+def _naive_samples(dtype: str, seed: int):
+    for exact in (True, False):
+        mode = "exact" if exact else "shortcut"
+        for i, (bs, vocab) in enumerate(((1, 2), (3, 5), (5, 19), (4, 389))):
+            yield _naive_random(f"{mode}-random-bs{bs}-V{vocab}", seed + i, bs, vocab, exact)
+        yield _naive_random(f"{mode}-large-bs", seed + 9, 64, 33, exact)
+        yield _naive_random(f"empty-batch-{mode}", seed, 0, 7, exact)
+    # p_0(d) / q(d) = 0.5 exactly: a coin of 0.5 rejects (strict <), one ulp below accepts.
+    half = torch.tensor([0.25, 0.25, 0.5], dtype=torch.float64)
+    q = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    below = float(np.nextafter(0.5, 0.0))
+    probs = torch.stack([half, torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)])[None].repeat(2, 1, 1)
+    yield _naive_sample("ulp-coin-at-the-ratio", seed, probs, [0, 0], [0.5, below], [0.3, 0.3], q=q[None].repeat(2, 1))
+    yield _naive_sample("ulp-coin-at-the-ratio-shortcut", seed, probs, [0, 0], [0.5, below], [0.3, 0.3],
+                        p=[0.5, 0.5])
+    # q(d) = 0: the ratio is +inf (accept) where p_0(d) > 0, NaN (reject) where p_0(d) = 0 too.
+    p0 = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]], dtype=torch.float64)
+    probs = torch.stack([p0, torch.full((2, 3), 1 / 3, dtype=torch.float64)], 1)
+    yield _naive_sample("nan-ratio-q-zero", seed, probs, [0, 0], [0.7, 0.7], [0.5, 0.5],
+                        q=torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64))
+    # p_0 == q: the ratio is 1, every coin accepts.
+    same = torch.softmax(torch.arange(6, dtype=torch.float64), 0)
+    yield _naive_sample("boundary-p-equals-q", seed, torch.stack([same, same])[None].repeat(3, 1, 1), [5, 0, 3],
+                        [0.0, 0.5, float(np.nextafter(1.0, 0.0))], [0.1, 0.6, 0.99], q=same[None].repeat(3, 1))
+    # Tokens 0 and V-1; a final landing exactly on a running sum of the residual passes it.
+    v = 8
+    p0 = torch.zeros(v, dtype=torch.float64)
+    p0[0], p0[3], p0[v - 1] = 0.5, 0.25, 0.25
+    q = torch.zeros(v, dtype=torch.float64)
+    q[0], q[v - 1] = 0.75, 0.25
+    probs = torch.stack([p0, torch.flip(p0, (0,))])[None].repeat(3, 1, 1)
+    # residual max(p0 - q, 0) = 0.25 at token 3 only; d = 0 rejected at coin 0.9 (ratio 2/3)
+    yield _naive_sample("boundary-vocab-edges", seed, probs, [0, v - 1, v - 1], [0.9, 0.2, 0.99], [0.5, 0.5, 0.0],
+                        q=q[None].repeat(3, 1))
+    yield _naive_sample("boundary-vocab-edges-shortcut", seed, probs, [0, v - 1, v - 1], [0.9, 0.2, 0.99],
+                        [0.5, 0.5, 0.0], p=[0.75, 0.25, 0.25])
+
+
+def _naive_recipe(dtype: str):
+    from hypothesis import strategies as st
+    return st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 6), st.integers(2, 60), st.booleans(),
+                     st.floats(0.0, 1.0)).map(
+        lambda t: _naive_random(f"hyp-{'exact' if t[3] else 'shortcut'}-V{t[2]}", t[0], t[1], t[2], t[3], t[4]))
+
+
+def _naive_errors():
+    probs = torch.full((2, 2, 5), 0.2, dtype=torch.float64)
+    q = torch.full((2, 5), 0.2, dtype=torch.float64)
+    d, u = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.float64)
+
+    def call(p=probs, draft=d, coin=u, **mode):
+        return lambda: verify_naive(p, draft, coin, u, **(mode or {"draft_q": q}))
+    yield ErrorInput("both-modes", call(draft_q=q, draft_p=u), ValueError, "exactly one of draft_q", "draft_q")
+    yield ErrorInput("no-mode", lambda: verify_naive(probs, d, u, u), ValueError, "exactly one of draft_q", "draft_q")
+    yield ErrorInput("probs-three-nodes", call(p=torch.full((2, 3, 5), 0.2, dtype=torch.float64)), ValueError,
+                     r"target_probs must be a 3-D tensor \[bs, 2, V\]", "target_probs")
+    yield ErrorInput("draft-past-vocab", call(draft=torch.tensor([0, 5])), ValueError, r"draft must lie in \[0, 5\)",
+                     "draft")
+    yield ErrorInput("coin-is-1", call(coin=torch.ones(2, dtype=torch.float64)), ValueError,
+                     r"coin must lie in \[0, 1\)", "coin")
+    yield ErrorInput("draft-q-float32", call(draft_q=q.float()), ValueError, "draft_q", "draft_q")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1482,6 +1590,8 @@ REGISTRY: dict[str, OpSpec] = {op.name: op for op in (
            edge_exempt=(("nan", "target_probs come from sampling_probs, which turns a row holding NaN into NaN "
                                 "everywhere; the reference refuses to draw from it (ValueError) and the optimized op "
                                 "reads no values on its hot path: NaN rows are outside 6.4's contract"),)),
+    OpSpec("verify_naive", _naive_impl, _naive_ref, _naive_samples, _naive_recipe, _naive_errors, _only("float64"),
+           {"accept_nodes": EXACT, "num_correct": EXACT, "bonus": EXACT}, platform_dependent=False, max_examples=20),
     OpSpec("sampling_probs", _sampling_impl, _sampling_ref, _sampling_samples, _sampling_recipe, _sampling_errors,
            LOGITS_BY_POLICY, {"p": CLOSE}, tolerance_dtype="float64", platform_dependent=False, max_examples=8),
     OpSpec("sample_from_probs", _draw_impl, _draw_ref, _draw_samples, _draw_recipe, _draw_errors, _only("float64"),
