@@ -77,10 +77,16 @@ def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.T
     nxt = oracle[r, (p + 1).clamp(max=ctx)]
     on = (oracle[r, p] == tokens) & (nxt >= 0) & (positions >= 0) & (positions < ctx)
     agree = agreement_draw(seed, r * (ctx + 1) + p + 1) < agreement
-    peak = logits.amax(-1, keepdim=True) + PEAK_MARGIN
-    value = torch.where(agree[..., None], peak, torch.full_like(peak, float("-inf")))
-    steered = logits.scatter(-1, nxt.clamp(min=0)[..., None], value)
-    return torch.where(on[..., None], steered, logits)
+    # One full pass for the row maxima and one copy; the steered entries (one per row) are then
+    # written in place, so a captured draft forward pays little for the knob.
+    peak = logits.amax(-1) + PEAK_MARGIN
+    value = torch.where(agree, peak, torch.full_like(peak, float("-inf")))
+    out = logits.clone(memory_format=torch.contiguous_format)
+    flat = out.view(-1, out.shape[-1])
+    rows = torch.arange(flat.shape[0], device=logits.device)
+    cols = nxt.clamp(min=0).reshape(-1)
+    flat[rows, cols] = torch.where(on.reshape(-1), value.reshape(-1).to(flat.dtype), flat[rows, cols])
+    return out
 
 
 class SteeredDraft:
