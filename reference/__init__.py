@@ -12,6 +12,8 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
   the exact law of stochastic verify's output;
 - `eagle` (`generate_speculative`, `SpecReferenceOutput`, `RequestTrace`, `CycleTrace`, `NearTie`):
   a cache-free EAGLE speculative decoder that returns its per-cycle trace and flags near-ties;
+- `naive_eagle` (`naive_eagle.generate`): the same for naive EAGLE (section 6.7), greedy and both
+  sampling modes;
 - `paged_attention`: attention of new queries over a paged KV cache, by plain loops;
 - `create_draft_kv_indices` / `decode_attention_indexed`: naive EAGLE's flat KV index list of the
   fused verify, and decode attention over an explicit slot list per query;
@@ -19,7 +21,7 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
   speculative logprob message read byte by byte (docs/protocol.md).
 """
 
-from reference import eagle
+from reference import eagle, naive_eagle
 from reference.attention import decode_attention_indexed, paged_attention
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
@@ -79,6 +81,7 @@ __all__ = [
     "naive_verify",
     "legacy_decode",
     "legacy_encode",
+    "naive_eagle",
     "logprob_record",
     "packed_decode",
     "packed_header",

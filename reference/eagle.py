@@ -96,6 +96,7 @@ REL_DRAFT_P = 3e-5
 class NearTie:
     cycle: int        # the cycle whose trace the decision shapes; -1: the prefill token
     decision: str     # prefill | draft_topk | beam | keep | target_greedy | filter | accept | bonus
+                      # (reference/naive_eagle.py adds draft_draw | residual)
     detail: str       # where, in words
     margin: float     # the decision's relative gap
     tolerance: float  # what the gap had to exceed (0 for interval tests on converted logits)
@@ -341,25 +342,34 @@ def _select(audit: _Audit, cfg, prm: _Params, z: torch.Tensor, where: str):
     return order, [np.float32(probs[i]) for i in order], REL_DRAFT_P + math.expm1(2 * row.width)
 
 
-def _draft_tree(audit: _Audit, models, prm: _Params, r: int, seq: list, hidden: torch.Tensor):
-    """Draft-extend and the S-step search for the sequence `seq` (root = seq[-1] at position n).
-    Returns the tree's tokens and parents."""
+def _draft_runner(models, prm: _Params, r: int):
+    """The draft head of request r over a list of (token, feature, position) rows, the hook applied
+    to its logits: rows -> (the last row's logits [V], its hidden [H]), float64."""
     cfg, tw, dw = models.config, models.target_weights, models.draft_weights
-    n, k, S = len(seq) - 1, prm.k, prm.S
 
-    def head(tokens, feats, positions):
-        logits, h = draft_row(cfg, tw, dw, tokens, feats, positions)
+    def run(rows):
+        tokens, positions = [t for t, _, _ in rows], [p for _, _, p in rows]
+        logits, h = draft_row(cfg, tw, dw, tokens, torch.stack([f for _, f, _ in rows]), positions)
         if prm.hook is not None:
             logits = torch.as_tensor(prm.hook(r, torch.tensor(positions[-1:]), torch.tensor(tokens[-1:]),
                                               logits[None].clone()), dtype=F64).reshape(-1)
         return logits, h
+    return run
 
-    # draft-extend: rows (x_t, h_{t-1}) at position t, t = 1..n; the last row drafts step 0
-    prefix_rows = [(seq[t], hidden[t - 1], t) for t in range(1, n + 1)]
 
-    def run(rows):
-        return head([t for t, _, _ in rows], torch.stack([f for _, f, _ in rows]), [p for _, _, p in rows])
+def _prefix_rows(seq: list, hidden: torch.Tensor) -> list:
+    """The draft-extend rows of `seq` (root = seq[-1] at position n): (x_t, h_{t-1}, t), t = 1..n;
+    the last one drafts for the root."""
+    return [(seq[t], hidden[t - 1], t) for t in range(1, len(seq))]
 
+
+def _draft_tree(audit: _Audit, models, prm: _Params, r: int, seq: list, hidden: torch.Tensor):
+    """Draft-extend and the S-step search for the sequence `seq` (root = seq[-1] at position n).
+    Returns the tree's tokens and parents."""
+    cfg = models.config
+    n, k, S = len(seq) - 1, prm.k, prm.S
+    run = _draft_runner(models, prm, r)
+    prefix_rows = _prefix_rows(seq, hidden)
     logits, h = run(prefix_rows)
     tokens, p, unc = _select(audit, cfg, prm, logits, "draft-extend row")
     beams = [_Cand(c, p[c], unc, tokens[c], -1, h, []) for c in range(k)]
@@ -505,12 +515,11 @@ def _verify(audit: _Audit, models, prm: _Params, seq: list, root_z, tokens: list
     return path + [-1] * (prm.S + 1 - len(path)), bonus
 
 
-def _decode(models, prm: _Params, r: int, prompt: list, budget: int, seed: int) -> RequestTrace:
+def _first_token(audit: _Audit, models, prm: _Params, r: int, prompt: list, seed: int) -> int:
+    """The prefill token of request r (6.5 step 1): greedy, or sampled with u(seed, r, P - 1, 0);
+    penalized by the prompt when penalties are on."""
     cfg, tw = models.config, models.target_weights
-    trace = RequestTrace(tokens=[])
-    audit = _Audit(trace)
-    seq = list(prompt)
-    root_z = forward(cfg, tw, seq)[0][-1]
+    root_z = forward(cfg, tw, list(prompt))[0][-1]
     context = (list(prompt), []) if prm.penalized else None     # the prompt; no output yet
     if prm.temperature == 0:
         if context is None:
@@ -523,6 +532,27 @@ def _decode(models, prm: _Params, r: int, prompt: list, budget: int, seed: int) 
         u0 = counter_uniform(seed, r, len(prompt) - 1, 0)   # section 4: the token after position P - 1
         first = draw(probs, u0)
         _audit_draw(audit, "prefill", "sampled token", probs, u0, 1.0, eps)
+    return first
+
+
+def _emit(trace: RequestTrace, produced: list, budget: int, eos) -> tuple[list, bool]:
+    """Append a cycle's tokens one by one, cut after the one that reaches the budget or is EOS
+    (section 5). Returns (the tokens emitted, whether the request is done)."""
+    emitted = []
+    for t in produced:
+        trace.tokens.append(t)
+        emitted.append(t)
+        if len(trace.tokens) >= budget or t == eos:
+            return emitted, True
+    return emitted, False
+
+
+def _decode(models, prm: _Params, r: int, prompt: list, budget: int, seed: int) -> RequestTrace:
+    cfg, tw = models.config, models.target_weights
+    trace = RequestTrace(tokens=[])
+    audit = _Audit(trace)
+    seq = list(prompt)
+    first = _first_token(audit, models, prm, r, prompt, seed)
     trace.tokens.append(first)
     done = len(trace.tokens) >= budget or first == prm.eos
     seq.append(first)
@@ -534,13 +564,7 @@ def _decode(models, prm: _Params, r: int, prompt: list, budget: int, seed: int) 
         u = None if prm.temperature == 0 else [counter_uniform(seed, r, n, j) for j in range(prm.D + 1)]
         accepted, bonus = _verify(audit, models, prm, seq, logits[-1], tokens, parents, u, prompt, list(trace.tokens))
         produced = [tokens[j] for j in accepted[1:] if j >= 0] + [bonus]
-        emitted = []
-        for t in produced:
-            trace.tokens.append(t)
-            emitted.append(t)
-            if len(trace.tokens) >= budget or t == prm.eos:
-                done = True
-                break
+        emitted, done = _emit(trace, produced, budget, prm.eos)
         trace.cycles.append(CycleTrace(tokens, parents, accepted, emitted, dict(audit.margins)))
         seq = seq + produced
     return trace
@@ -548,6 +572,19 @@ def _decode(models, prm: _Params, r: int, prompt: list, budget: int, seed: int) 
 
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_requests(prompts, max_new_tokens, temperature) -> list:
+    """Validate the prompts, budgets and temperature; return the per-request budgets."""
+    if not isinstance(prompts, (list, tuple)) or not prompts or not all(len(p) for p in prompts):
+        raise ValueError("prompts: expected a non-empty list of non-empty token-id lists")
+    budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+    if len(budgets) != len(prompts) or not all(_is_int(b) and b >= 1 for b in budgets):
+        raise ValueError(f"max_new_tokens: expected an int >= 1 or one per prompt, got {max_new_tokens!r}")
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
+        raise ValueError(f"temperature: must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE!r}, "
+                         f"got {temperature!r}")
+    return budgets
 
 
 def generate(models, prompts, *, spec_num_steps: int, topk: int, num_draft_tokens: int | None = None,
@@ -575,14 +612,7 @@ def generate(models, prompts, *, spec_num_steps: int, topk: int, num_draft_token
     if not 2 <= D <= most or (k == 1 and D != S + 1):
         raise ValueError(f"num_draft_tokens: {D} is not valid for topk={k}, num_steps={S} "
                          f"(2..{most}; S + 1 when topk == 1)")
-    if not isinstance(prompts, (list, tuple)) or not prompts or not all(len(p) for p in prompts):
-        raise ValueError("prompts: expected a non-empty list of non-empty token-id lists")
-    budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
-    if len(budgets) != len(prompts) or not all(_is_int(b) and b >= 1 for b in budgets):
-        raise ValueError(f"max_new_tokens: expected an int >= 1 or one per prompt, got {max_new_tokens!r}")
-    if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
-        raise ValueError(f"temperature: must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE!r}, "
-                         f"got {temperature!r}")
+    budgets = _check_requests(prompts, max_new_tokens, temperature)
     penalties = check_penalties(repetition_penalty, frequency_penalty, presence_penalty)
     prm = _Params(k, S, D, float(temperature), top_k, top_p, min_p, eos_token_id, draft_logits_hook, *penalties)
     traces = [_decode(models, prm, r, [int(t) for t in p], b, seed) for r, (p, b) in enumerate(zip(prompts, budgets))]

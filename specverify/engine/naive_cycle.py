@@ -19,7 +19,7 @@ The unfused form (`fused=False`) runs the verify, reads the accept counts back t
 a draft-extend over exactly the emitted tokens, as an engine without the fusion does; it must
 produce the same cycle.
 
-Uniforms (docs/semantics.md 6.6), for a cycle whose root sits at position n: the draft token
+Uniforms (docs/semantics.md 6.7), for a cycle whose root sits at position n: the draft token
 drawn for it u(seed, r, n, 0), the accept coin u(seed, r, n, 1), the residual or bonus draw
 u(seed, r, n, 2).
 """
