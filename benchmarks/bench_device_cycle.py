@@ -213,11 +213,13 @@ def drive(dec, reqs, bs: int, args, device: str) -> dict:
     times = clock.ms()
     late = dec.runner.captures - captures if dec.runner.use_graphs else 0   # should be 0: all captured before
     full = [t for t, (live, _) in zip(times, steps) if live == bs]
+    full_tokens = sum(n for (live, n) in steps if live == bs)
     total_ms = sum(times)
     return {"capture_ms": capture_ms, "captures": captures, "late_captures": late, "warmup": warm, "syncs": syncs,
             "steps": len(steps), "full": len(full), "total_ms": total_ms,
             "cycle_ms": sum(full) / len(full) if full else None,
             "tok_s": sum(n for _, n in steps) / total_ms * 1e3 if total_ms > 0 else None,
+            "full_tok_s": full_tokens / sum(full) * 1e3 if full and sum(full) > 0 else None,
             "tokens": [list(r.output) for r in reqs]}
 
 

@@ -165,7 +165,7 @@ class NaiveCycle:
             p = sampling_probs(out.logits.reshape(bs * 2, v), out.scale.reshape(bs * 2, 1), self.params)
         else:
             p = probs_from_z(z.reshape(bs * 2, v), self.params)
-        draws = torch.tensor([COIN_DRAW, FINAL_DRAW], device=n.device)[None, :]
+        draws = torch.stack([torch.full_like(n, COIN_DRAW), torch.full_like(n, FINAL_DRAW)], 1)   # no host list
         u = counter_uniforms(self.seed, req_ids[:, None], n[:, None], draws)      # [bs, 2]
         coin, final = u[:, 0].contiguous(), u[:, 1].contiguous()
         if self.mode == "exact":

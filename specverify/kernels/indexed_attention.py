@@ -23,10 +23,12 @@ import triton.language as tl
 from specverify.kernels.launch import check_launchable, pick_impl
 
 BLOCK_N = 64        # list entries per KV block of the Triton kernel
-# Launch parameters from benchmarks/experiments/indexed_attn_sweep.py on an H100 (naive-EAGLE
-# lists, bf16 cache): 2 warps and no software pipelining were the fastest of the sweep at bs 64
-# with ~100 and ~1000 slots per list (31 / 210 us against 45 / 295 us with Triton's defaults).
-NUM_WARPS, NUM_STAGES = 2, 1
+# Launch parameters: Triton's defaults, the paged attention kernel's. An H100 sweep
+# (benchmarks/experiments/indexed_attn_sweep.py) found 2 warps without pipelining ~30% faster at
+# bs 64, but then a bfloat16 verify row rounds differently from the decode row target-only
+# decoding computes for the same position: greedy naive EAGLE drifted from target-only in 21 of
+# 64 requests (against 0 of 64 with these), and a steered draft lost its oracle with it.
+NUM_WARPS, NUM_STAGES = 4, 3
 
 
 @triton.jit
