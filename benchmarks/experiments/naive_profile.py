@@ -47,8 +47,6 @@ for name, make in runs:
     replay_ms = (time.perf_counter() - t) / 20 * 1e3
     print(f"{name} bs{bs}: step {step_ms:.3f} ms, replay alone {replay_ms:.3f} ms, host share "
           f"{step_ms - replay_ms:.3f} ms, {tokens:.1f} tokens/step -> {tokens / step_ms * 1e3:.0f} tok/s")
-    if name == "naive steered":
-        continue
     bucket = [b for b in dec.runner.buckets if b >= bs][0]
     buf = dec.runner._fill(bucket, {})
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:

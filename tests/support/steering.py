@@ -62,21 +62,39 @@ def agreement_draw(seed: int, keys: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64) / 2.0 ** 32
 
 
+def steering_plan(oracle: torch.Tensor, agreement: float, seed: int) -> torch.Tensor:
+    """The rule's per-(request, position) decisions, computed once: [R, max_context + 1] int64,
+    entry p of row r = the token oracle[r, p + 1] to steer to (agreement drawn), or -2 - that token
+    (steered to -inf), or -1 (the next token is unknown: the row is left alone)."""
+    agreement = check_agreement(agreement)
+    reqs, width = oracle.shape
+    ctx = width - 1
+    r = torch.arange(reqs, device=oracle.device)[:, None]
+    p = torch.arange(width, device=oracle.device)[None, :]
+    nxt = torch.cat([oracle[:, 1:], torch.full_like(oracle[:, :1], -1)], 1)      # oracle[r, p + 1]
+    agree = agreement_draw(seed, r * (ctx + 1) + p + 1) < agreement
+    return torch.where(nxt < 0, -1, torch.where(agree, nxt, -2 - nxt))
+
+
 def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor,
-                 oracle: torch.Tensor, agreement: float, seed: int) -> torch.Tensor:
+                 oracle: torch.Tensor, agreement: float, seed: int, plan: torch.Tensor | None = None) -> torch.Tensor:
     """Apply the steering rule of the module docstring; returns new logits (same dtype, device).
 
     logits: [..., V] float; positions, tokens: [...] int64 (one per logits row);
     req_ids: int64, broadcastable to positions from the left ([bs] for [bs, q] rows, or the
-    same shape); oracle: [R, max_context + 1] int64 on the logits' device.
+    same shape); oracle: [R, max_context + 1] int64 on the logits' device; plan: the
+    `steering_plan` of (oracle, agreement, seed), when the caller keeps it (a captured draft
+    forward then runs a few gathers instead of the hash).
     """
-    agreement = check_agreement(agreement)
+    if plan is None:
+        plan = steering_plan(oracle, agreement, seed)
     ctx = oracle.shape[1] - 1
     r = req_ids.reshape(tuple(req_ids.shape) + (1,) * (positions.dim() - req_ids.dim())).expand_as(positions)
     p = positions.clamp(0, ctx)
-    nxt = oracle[r, (p + 1).clamp(max=ctx)]
-    on = (oracle[r, p] == tokens) & (nxt >= 0) & (positions >= 0) & (positions < ctx)
-    agree = agreement_draw(seed, r * (ctx + 1) + p + 1) < agreement
+    decided = plan[r, p]
+    on = (oracle[r, p] == tokens) & (decided != -1) & (positions >= 0) & (positions < ctx)
+    agree = decided >= 0
+    nxt = torch.where(agree, decided, -2 - decided).clamp(min=0)
     # One full pass for the row maxima and one copy; the steered entries (one per row) are then
     # written in place, so a captured draft forward pays little for the knob.
     peak = logits.amax(-1) + PEAK_MARGIN
@@ -84,7 +102,7 @@ def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.T
     out = logits.clone(memory_format=torch.contiguous_format)
     flat = out.view(-1, out.shape[-1])
     rows = torch.arange(flat.shape[0], device=logits.device)
-    cols = nxt.clamp(min=0).reshape(-1)
+    cols = nxt.reshape(-1)
     flat[rows, cols] = torch.where(on.reshape(-1), value.reshape(-1).to(flat.dtype), flat[rows, cols])
     return out
 
@@ -101,6 +119,7 @@ class SteeredDraft:
         self.inner = inner
         self.seed = int(seed)
         self.oracle = oracle.to(inner.device)
+        self.plan = steering_plan(self.oracle, self.agreement, self.seed)
 
     @property
     def config(self):
@@ -115,7 +134,7 @@ class SteeredDraft:
             raise ValueError("SteeredDraft needs Batch.req_ids (the engine fills it in every draft call)")
         logits, hidden = self.inner.compute_logits(cache, batch, features)
         return steer_logits(logits, batch.req_ids, batch.positions, batch.input_ids, self.oracle,
-                            self.agreement, self.seed), hidden
+                            self.agreement, self.seed, plan=self.plan), hidden
 
     def deliver(self, logits: torch.Tensor, hidden: torch.Tensor):
         return self.inner.deliver(logits, hidden)
