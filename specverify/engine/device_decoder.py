@@ -8,12 +8,13 @@ around it is the same for target-only and speculative decoding, and lives here:
 - `start`: a cache sized for every request's whole run, a pad row that owns no page (padded
   lanes write only the sink), a row per request with its prompt's pages (plus what a step may
   write) reserved, the device state, the runner, then the subclass's prefill;
-- `run_step`: reserve pages ahead in bulk for the running requests (queued edits, one transfer),
-  rebuild the rows tensor only when the running set changed, run the step, copy the packed result
-  back once;
+- `run_step`: rebuild the rows tensor only when the running set changed, run the step, reserve
+  the next step's pages in bulk while the device runs this one (queued edits, one transfer), copy
+  the packed result back once;
 - `finish`: a finished or aborted request gives its row and pages back.
 
-Subclasses set `ahead` (cache entries a step may write past `r.cached`), `with_draft`, and
+Subclasses set `ahead` (cache entries a step may write past `r.cached`), `advance` (the most
+tokens a step adds to `r.cached`), `with_draft`, and
 implement `request_length`, `new_state`, `step_fn` and `prefill`.
 """
 
@@ -34,6 +35,7 @@ RESERVE_AHEAD = 16      # cache entries reserved past a step's reach, so most st
 
 class DeviceDecoder:
     ahead: int              # cache entries a step may write past r.cached
+    advance: int            # the most tokens one step adds to r.cached
     with_draft: bool        # the cache holds the draft head's K/V too
 
     def __init__(self, models: Models, params: SamplingParams, *, seed: int, eos_token_id: int | None,
@@ -100,12 +102,21 @@ class DeviceDecoder:
     def run_step(self, reqs: list[Request]) -> tuple[list[list[int]], dict]:
         """Reserve, run the step on the rows of `reqs`, read the packed result back once.
         Returns (one list of ints per lane, the step's outputs)."""
-        table = self.cache.table
-        for r in reqs:
-            if table.capacity(r.row) < min(r.cached + self.ahead, self.limit[r.index]):
-                table.reserve(r.row, min(r.cached + self.ahead + RESERVE_AHEAD, self.limit[r.index]))
-        table.flush()
+        self._reserve(reqs, 0)              # normally done already, while the previous step ran
         if self._rows is None:
             self._rows = rows_tensor([r.row for r in reqs], self.dev)
         out = self.runner.run({"rows": self._rows})
+        # The next step's pages, while the device runs this one: its requests will have advanced by
+        # at most `advance` tokens. The table edits queue behind this step on the stream.
+        self._reserve(reqs, self.advance)
         return self.readback.fetch(out["packed"]), out
+
+    def _reserve(self, reqs: list[Request], advance: int) -> None:
+        """Pages for what a step writes once each request has `advance` more cached tokens,
+        reserved in bulk (RESERVE_AHEAD more), applied in one queued transfer."""
+        table = self.cache.table
+        for r in reqs:
+            need = min(r.cached + advance + self.ahead, self.limit[r.index])
+            if table.capacity(r.row) < need:
+                table.reserve(r.row, min(need + RESERVE_AHEAD, self.limit[r.index]))
+        table.flush()

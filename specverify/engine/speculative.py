@@ -1,8 +1,8 @@
 """The speculative decoder's host loop: prefill, then one captured cycle per step.
 
-The host's work per cycle: reserve pages ahead for the running requests (queued table edits, one
-transfer), replay the cycle (`engine/eagle_cycle.py`) on the running rows, copy the packed
-result back once, and append the emitted tokens. A finished or aborted request's row and pages
+The host's work per cycle: replay the cycle (`engine/eagle_cycle.py` or `engine/naive_cycle.py`) on
+the running rows, reserve the next cycle's pages while the device runs it (queued table edits,
+one transfer), copy the packed result back once, and append the emitted tokens. A finished or aborted request's row and pages
 go back to the pool from that readback.
 """
 
@@ -51,6 +51,7 @@ class SpecDecoder(DeviceDecoder):
         # Cache entries a cycle may write past n: the verify's D nodes, or the draft-extend of up to
         # S + 1 tokens followed by (S - 1) * k beams.
         self.ahead = max(self.D, self.S + 1 + (self.S - 1) * self.k)
+        self.advance = self.S + 1              # a cycle emits at most S + 1 tokens
         self.debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1" if debug_checks is None else debug_checks
         self.naive = config.algorithm == "naive_eagle"
         self.fused = fused

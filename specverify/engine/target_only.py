@@ -5,7 +5,8 @@ pending token, the token choice (greedy, or sampled with u(seed, r, position, 0)
 request's prompt and output counts when a sampling penalty is on), the EOS / max_new_tokens cut
 and the state update. On CUDA it is captured as one graph per batch-size bucket; elsewhere it runs
 eagerly at live shapes. The host makes one readback per step (the new tokens and finished flags),
-reserves pages ahead in bulk and frees a finished request's row.
+reserves the next step's pages in bulk while the device runs this one, and frees a finished
+request's row.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from specverify.models import Models
 
 class TargetOnlyDecoder(DeviceDecoder):
     ahead = 1               # a step writes the pending token at index r.cached
+    advance = 1             # and emits one token
     with_draft = False
 
     def __init__(self, models: Models, params: SamplingParams, *, seed: int, eos_token_id: int | None,
