@@ -36,7 +36,8 @@ from tests.support.asserts import assert_tokens_equal
 from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
 from tests.support.stats import pooled_chi_square
 from tests.support.steering import steered_models
-from tests.test_spec_trace import fields, reference_hook
+from tests.support.traces import fields
+from tests.test_spec_trace import reference_hook
 
 NAIVE = SpecConfig(algorithm="naive_eagle")
 ALPHA = 1e-6          # false-positive rate of the goodness-of-fit test

@@ -32,7 +32,6 @@ penalty cases acceptances (and rejections where the draft is partly wrong); the 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 import zlib
 
 import pytest
@@ -43,10 +42,10 @@ import reference.naive_eagle
 import specverify
 from specverify import SpecConfig
 from tests.support.allpairs import all_pairs, case_id, uncovered_pairs
-from tests.support.asserts import rerun_hint
 from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
+from tests.support import traces
 from tests.support.steering import lookahead, steer_logits, steered_models
-from tests.test_spec_trace import TraceNearTieWarning, fields
+from tests.support.traces import TraceNearTieWarning, compare_traces, fields
 
 pytestmark = pytest.mark.e2e
 
@@ -156,47 +155,18 @@ def compare(c: dict, nodeid: str | None) -> tuple[dict, dict]:
     ref = reference.naive_eagle.generate(models, prompts, naive_sampling=spec.naive_sampling, max_new_tokens=budgets,
                                          draft_logits_hook=hook, **kwargs)
     what = f"naive trace {case_id(c)}"
-    stats = {"requests": len(prompts), "cycles_compared": 0, "skipped": [], "accepted": 0, "rejected": 0}
     run = dict(ref=ref, hook=hook, models=models, prompts=prompts, budgets=budgets, kwargs=kwargs)
-    for r, (got, want) in enumerate(zip(out.trace, ref.traces)):
-        cut = want.first_near_tie
-        upto = len(want.cycles) if cut is None else max(cut, 0)
-        for i in range(upto):
-            if i >= len(got) or fields(got[i]) != fields(want.cycles[i]):
-                g = fields(got[i]) if i < len(got) else "no cycle"
-                raise AssertionError(
-                    f"{what}: request {r} cycle {i} differs\n  optimized (tokens, parents, accepted, emitted): {g}"
-                    f"\n  reference: {fields(want.cycles[i])}\n  prompt {prompts[r]}, budget {budgets[r]}, "
-                    f"kwargs {kwargs}{rerun_hint(nodeid) if nodeid else ''}")
-            stats["accepted" if want.cycles[i].accepted[1] == 1 else "rejected"] += 1
-        stats["cycles_compared"] += upto
-        if cut is None:
-            assert len(got) == len(want.cycles), \
-                f"{what}: request {r} ran {len(got)} cycles, reference {len(want.cycles)}"
-            assert out.tokens[r] == want.tokens, f"{what}: request {r} tokens {out.tokens[r]} != {want.tokens}"
-        else:
-            n = 0 if cut < 0 else 1 + sum(len(cy.emitted) for cy in want.cycles[:cut])
-            assert out.tokens[r][:n] == want.tokens[:n], f"{what}: request {r} tokens before the near-tie differ"
-            stats["skipped"].append(f"request {r}: {want.near_ties[0]}")
-        assert [len(cy.emitted) for cy in got] == out.accept_lengths[r]
-        assert out.tokens[r] == out.tokens[r][:1] + [t for cy in got for t in cy.emitted]
+    stats, compared = compare_traces(out, ref, prompts, budgets, what, nodeid, context=f", kwargs {kwargs}")
+    stats["accepted"] = sum(1 for _, cycle in compared if cycle.accepted[1] == 1)
+    stats["rejected"] = len(compared) - stats["accepted"]
+    for got in out.trace:
         assert all(cy.tree_parents == [-1, 0] and cy.accepted in ([0, 1], [0, -1]) for cy in got)
     return stats, run
 
 
 def report(stats: dict, c: dict, record_property) -> None:
-    skipped = stats["skipped"]
-    record_property("trace_requests", stats["requests"])
-    record_property("trace_cycles_compared", stats["cycles_compared"])
-    record_property("trace_near_tie_skips", len(skipped))
-    if skipped:
-        warnings.warn(TraceNearTieWarning(
-            f"{case_id(c)}: {len(skipped)} of {stats['requests']} requests compared only up to a near-tie: "
-            + "; ".join(skipped)))
-    assert len(skipped) <= MAX_SKIPPED_FRACTION * stats["requests"], \
-        f"{case_id(c)}: near-ties stopped {len(skipped)} of {stats['requests']} requests: {skipped}"
-    assert stats["cycles_compared"] >= MIN_COMPARED, \
-        f"{case_id(c)}: only {stats['cycles_compared']} cycles compared (at least {MIN_COMPARED})"
+    traces.report(stats, case_id(c), record_property, max_skipped_fraction=MAX_SKIPPED_FRACTION,
+                  min_compared=MIN_COMPARED)
 
 
 def test_pairwise_design_covers_every_pair():

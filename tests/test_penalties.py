@@ -41,7 +41,8 @@ from tests.support.stats import pooled_chi_square
 from tests.support.steering import lookahead, steered_models
 from tests.test_device_cycle import start_decoder
 from tests.test_logprobs_e2e import assert_records_match, reference_records
-from tests.test_spec_trace import fields, reference_hook
+from tests.support.traces import compare_traces
+from tests.test_spec_trace import reference_hook
 
 pytestmark = pytest.mark.e2e
 
@@ -246,25 +247,15 @@ def test_eagle_greedy_is_lossless_with_penalties(name, pen, request):
 
 
 def compare_trace(models, hook, prompts, budgets, spec, kwargs) -> int:
-    """Optimized vs reference speculative decoder, cycle by cycle (tests/test_spec_trace.py's
-    fields), up to each request's first near-tie; returns the accepted drafts compared."""
+    """Optimized vs reference speculative decoder, cycle by cycle (tests/support/traces.py), up to
+    each request's first near-tie; returns the accepted drafts compared."""
     out = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets, trace=True, **kwargs)
     ref = reference.eagle.generate(models, prompts, spec_num_steps=spec.num_steps, topk=spec.topk,
                                    num_draft_tokens=spec.draft_tokens, max_new_tokens=budgets,
                                    draft_logits_hook=hook, **kwargs)
-    accepted, skipped = 0, 0
-    for r, (got, want) in enumerate(zip(out.trace, ref.traces)):
-        cut = want.first_near_tie
-        upto = len(want.cycles) if cut is None else max(cut, 0)
-        skipped += cut is not None
-        for i in range(upto):
-            assert i < len(got) and fields(got[i]) == fields(want.cycles[i]), \
-                f"request {r} cycle {i}: {fields(got[i]) if i < len(got) else 'no cycle'} != {fields(want.cycles[i])}"
-            accepted += sum(1 for j in want.cycles[i].accepted if j >= 0) - 1
-        if cut is None:
-            assert out.tokens[r] == want.tokens, f"request {r}: {out.tokens[r]} != {want.tokens}"
-    assert skipped <= len(prompts) // 2, f"near-ties stopped {skipped} of {len(prompts)} requests"
-    return accepted
+    stats, compared = compare_traces(out, ref, prompts, budgets, f"{spec} {kwargs}")
+    assert len(stats["skipped"]) <= len(prompts) // 2, f"near-ties stopped requests: {stats['skipped']}"
+    return sum(sum(1 for j in cycle.accepted if j >= 0) - 1 for _, cycle in compared)
 
 
 TRACE_CASES = {

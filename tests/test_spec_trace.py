@@ -23,7 +23,6 @@ compares no cycle at all.
 from __future__ import annotations
 
 import itertools
-import warnings
 import zlib
 
 import pytest
@@ -33,9 +32,10 @@ import reference
 import specverify
 from specverify import SpecConfig
 from tests.support.allpairs import all_pairs, case_id, draft_tokens, uncovered_pairs
-from tests.support.asserts import rerun_hint
 from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
+from tests.support import traces
 from tests.support.steering import SteeredDraft, steer_logits, steered_models
+from tests.support.traces import TraceNearTieWarning, compare_traces
 
 pytestmark = pytest.mark.e2e
 
@@ -61,10 +61,6 @@ FACTORS = {
     "head": list(DRAFTS),
     "eos": [False, True],
 }
-
-
-class TraceNearTieWarning(UserWarning):
-    """A request's trace comparison stopped early at a decision the reference flags as a near-tie."""
 
 
 # The case data (prompts, budgets, sampling seed) is keyed by the case id and this salt. Salt 1:
@@ -112,10 +108,6 @@ def reference_hook(draft: SteeredDraft):
     return hook
 
 
-def fields(cycle) -> tuple:
-    return cycle.tree_tokens, cycle.tree_parents, cycle.accepted, cycle.emitted
-
-
 def compare(c: dict, nodeid: str) -> dict:
     models, hook, prompts, budgets, spec, kwargs = build_case(c)
     out = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets, trace=True, **kwargs)
@@ -123,47 +115,14 @@ def compare(c: dict, nodeid: str) -> dict:
                                    num_draft_tokens=spec.draft_tokens, max_new_tokens=budgets,
                                    draft_logits_hook=hook, **kwargs)
     what = f"trace {case_id(c)}"
-    stats = {"requests": len(prompts), "cycles_compared": 0, "skipped": [], "accepted_drafts": 0, "deepest": 0}
-    for r, (got, want) in enumerate(zip(out.trace, ref.traces)):
-        cut = want.first_near_tie
-        upto = len(want.cycles) if cut is None else max(cut, 0)
-        for i in range(upto):
-            if i >= len(got) or fields(got[i]) != fields(want.cycles[i]):
-                g = fields(got[i]) if i < len(got) else "no cycle"
-                raise AssertionError(
-                    f"{what}: request {r} cycle {i} differs\n  optimized (tokens, parents, accepted, emitted): {g}"
-                    f"\n  reference: {fields(want.cycles[i])}\n  prompt {prompts[r]}, budget {budgets[r]}"
-                    f"{rerun_hint(nodeid)}")
-            depth = sum(1 for j in want.cycles[i].accepted if j >= 0) - 1
-            stats["accepted_drafts"] += depth
-            stats["deepest"] = max(stats["deepest"], depth)
-        stats["cycles_compared"] += upto
-        if cut is None:
-            assert len(got) == len(want.cycles), \
-                f"{what}: request {r} ran {len(got)} cycles, reference {len(want.cycles)}"
-            assert out.tokens[r] == want.tokens, f"{what}: request {r} tokens {out.tokens[r]} != {want.tokens}"
-        else:
-            n = 0 if cut < 0 else 1 + sum(len(cy.emitted) for cy in want.cycles[:cut])
-            assert out.tokens[r][:n] == want.tokens[:n], f"{what}: request {r} tokens before the near-tie differ"
-            stats["skipped"].append(f"request {r}: {want.near_ties[0]}")
-        # The trace accounts for every token: the prefill token, then each cycle's emitted ones.
-        assert [len(cy.emitted) for cy in got] == out.accept_lengths[r]
-        assert out.tokens[r] == out.tokens[r][:1] + [t for cy in got for t in cy.emitted]
+    stats, compared = compare_traces(out, ref, prompts, budgets, what, nodeid)
+    depths = [sum(1 for j in cycle.accepted if j >= 0) - 1 for _, cycle in compared]
+    stats.update(accepted_drafts=sum(depths), deepest=max(depths, default=0))
     return stats
 
 
 def report(stats: dict, c: dict, record_property) -> None:
-    skipped = stats["skipped"]
-    record_property("trace_requests", stats["requests"])
-    record_property("trace_cycles_compared", stats["cycles_compared"])
-    record_property("trace_near_tie_skips", len(skipped))
-    if skipped:
-        warnings.warn(TraceNearTieWarning(
-            f"{case_id(c)}: {len(skipped)} of {stats['requests']} requests compared only up to a near-tie: "
-            + "; ".join(skipped)))
-    assert len(skipped) <= MAX_SKIPPED_FRACTION * stats["requests"], \
-        f"{case_id(c)}: near-ties stopped {len(skipped)} of {stats['requests']} requests: {skipped}"
-    assert stats["cycles_compared"] > 0, f"{case_id(c)}: no cycle was compared"
+    traces.report(stats, case_id(c), record_property, max_skipped_fraction=MAX_SKIPPED_FRACTION, min_compared=1)
 
 
 def test_pairwise_design_covers_every_pair():
