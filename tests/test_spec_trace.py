@@ -35,7 +35,7 @@ from tests.support.allpairs import all_pairs, case_id, draft_tokens, uncovered_p
 from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
 from tests.support import traces
 from tests.support.steering import SteeredDraft, steer_logits, steered_models
-from tests.support.traces import TraceNearTieWarning, compare_traces
+from tests.support.traces import TraceNearTieWarning, compare_traces, fields
 
 pytestmark = pytest.mark.e2e
 
