@@ -17,12 +17,17 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 - `paged_attention`: attention of new queries over a paged KV cache, by plain loops;
 - `create_draft_kv_indices` / `decode_attention_indexed`: naive EAGLE's flat KV index list of the
   fused verify, and decode attention over an explicit slot list per query;
+- `mamba_state_scatter`: the Mamba state commit after verify (section 6.8), state after the last
+  accepted node copied into the request's slot by plain loops;
+- `dflash_correct_drafts_and_bonus`: DFlash's greedy block verify (section 6.9; its sampling
+  variant is `stochastic_verify` on a chain);
 - `legacy_encode` / `legacy_decode` / `packed_header` / `split_header` / `packed_decode`: the
   speculative logprob message read byte by byte (docs/protocol.md).
 """
 
 from reference import eagle, naive_eagle
 from reference.attention import decode_attention_indexed, paged_attention
+from reference.dflash import dflash_correct_drafts_and_bonus
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
@@ -50,6 +55,7 @@ from reference.spec import (
     stochastic_verify,
     topk_order,
 )
+from reference.state_scatter import mamba_state_scatter
 
 __all__ = [
     "DEFAULT_PROTOCOL_CAPACITY",
@@ -67,6 +73,7 @@ __all__ = [
     "counter_uniform",
     "create_draft_kv_indices",
     "decode_attention_indexed",
+    "dflash_correct_drafts_and_bonus",
     "draw",
     "emitted_path_probability",
     "filtered_probs",
@@ -83,6 +90,7 @@ __all__ = [
     "legacy_encode",
     "naive_eagle",
     "logprob_record",
+    "mamba_state_scatter",
     "packed_decode",
     "packed_header",
     "paged_attention",

@@ -1,6 +1,7 @@
 """Public speculative-decoding ops (docs/semantics.md section 6).
 
-Each op here has a reference twin in `reference/` (spec.py, attention.py, naive_eagle_kv.py); the op registry
+Each op here has a reference twin in `reference/` (spec.py, attention.py, naive_eagle_kv.py, dflash.py,
+state_scatter.py); the op registry
 in tests pairs them.
 """
 
@@ -11,9 +12,12 @@ import torch
 from specverify import dtypes
 from specverify.kernels.argmax import row_argmax
 from specverify.kernels.attention import paged_attention_impl
+from specverify.kernels.dflash import dflash_verify_impl
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import pick_impl
+from specverify.kernels.state_scatter import state_scatter_impl
+from specverify.kernels.tree import _raise_first
 from specverify.platform import PlatformProfile, capturing, resolve
 
 
@@ -384,3 +388,131 @@ def decode_attention_indexed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              f"(k_cache's slots)")
     return decode_attention_indexed_impl(q, k_cache, v_cache, kv_indptr, kv_indices, float(scale), impl=impl,
                                          out_dtype=out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mamba state commit (docs/semantics.md 6.8): the state after the last accepted node, scattered
+# from the verify's intermediate cache into the state cache
+
+STATE_TORCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def mamba_state_scatter(*, dst: torch.Tensor, src: torch.Tensor, dst_indices: torch.Tensor,
+                        step_indices: torch.Tensor, impl: str = "auto", checked: bool | None = None) -> torch.Tensor:
+    """Commit each request's state after its last accepted draft node -> dst, written in place.
+
+    dst: [L, S, *state] the state cache (L layers, S slots); src: [L, bs, D, *state] of dst's
+    dtype, the verify's intermediate cache (request r's state after each of its D draft nodes,
+    indexed by r, the position in the batch, not by slot); dtype bfloat16, float16 or float32;
+    dst_indices, step_indices: [bs] int32/int64, request r's slot and the node whose state it
+    commits (-1: commit nothing). For every r with step_indices[r] >= 0:
+    dst[:, dst_indices[r]] = src[:, r, step_indices[r]], every layer, a bit-exact copy (NaN,
+    infinities, -0.0, subnormals as they are). Slots no committing request names are untouched,
+    and so is everything for a request with step -1 (its dst_indices entry is not read: a padded
+    lane may hold any value there). Tracking slots are a second call with their own dst_indices
+    and step_indices. Arguments are keyword-only: a commit with slot and step swapped must not be
+    expressible by position.
+    impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere). The Triton path reads
+    nothing back to the host (capture-safe); the torch path finds the committing requests on the
+    host.
+
+    Shapes, dtypes and devices are always checked (ValueError naming the argument; TypeError for a
+    non-tensor). The value checks (step in [-1, D); for committing requests a slot in [0, S), no
+    slot named twice) read the device: `checked=None` (default) runs them on CPU tensors only, True
+    on any device outside a CUDA-graph capture (one device read), False never (as
+    `create_draft_kv_indices`). Unchecked, a request with an out-of-range step or slot writes
+    nothing, and two committing requests naming one slot leave either's state there.
+    """
+    pick_impl(impl, dst.device if isinstance(dst, torch.Tensor) else torch.device("cpu"))
+    for name, t, what in (("dst", dst, "[L, S, *state]"), ("src", src, "[L, bs, D, *state]")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor {what}, got {type(t).__name__}")
+    if dst.dim() < 2:
+        raise ValueError(f"dst must be [L, S, *state] (at least 2-D), got shape {tuple(dst.shape)}")
+    if dst.dtype not in STATE_TORCH_DTYPES:
+        raise ValueError(f"dst dtype {dst.dtype} is not a state dtype (bfloat16, float16, float32)")
+    if src.dtype != dst.dtype:
+        raise ValueError(f"src must have dst's dtype {dst.dtype}, got {src.dtype}")
+    if src.device != dst.device:
+        raise ValueError(f"src is on {src.device}, dst on {dst.device}: all inputs must be on one device")
+    num_layers, num_slots, state = dst.shape[0], dst.shape[1], tuple(dst.shape[2:])
+    if src.dim() != dst.dim() + 1:
+        raise ValueError(f"src must be [L, bs, D, *state] with dst's state dims ({dst.dim() + 1}-D), "
+                         f"got shape {tuple(src.shape)}")
+    if src.shape[0] != num_layers:
+        raise ValueError(f"src must have dst's L = {num_layers} layers, got {src.shape[0]}")
+    if tuple(src.shape[3:]) != state:
+        raise ValueError(f"src must have dst's state shape {state}, got {tuple(src.shape[3:])}")
+    bs, num_steps = src.shape[1], src.shape[2]
+    for name, t in (("dst_indices", dst_indices), ("step_indices", step_indices)):
+        _index_tensor(name, t, 1, "[bs]", dst.device)
+        if t.shape[0] != bs:
+            raise ValueError(f"{name} must have one entry per request (src has bs = {bs}), got {t.shape[0]}")
+    if bs and _value_checks(checked, dst.device):
+        steps, slots = step_indices.to(torch.int64), dst_indices.to(torch.int64)
+        commits = steps >= 0
+        # Skipped requests get distinct negative keys: only committing slots can collide.
+        keys = torch.where(commits, slots, -1 - torch.arange(bs, device=dst.device)).sort().values
+        _raise_first([
+            ((steps < -1) | (steps >= num_steps),
+             f"step_indices must be in [-1, D) = [-1, {num_steps}) (-1 skips the request; D = src's draft nodes)"),
+            (commits & ((slots < 0) | (slots >= num_slots)),
+             f"dst_indices of committing requests (step_indices >= 0) must be slots in [0, {num_slots}) (dst's "
+             f"slots)"),
+            (keys[1:] == keys[:-1],
+             "dst_indices must be distinct among committing requests (step_indices >= 0): two requests would "
+             "write one slot"),
+        ])
+    state_scatter_impl(dst, src, dst_indices, step_indices, impl)
+    return dst
+
+
+# ---------------------------------------------------------------------------------------------
+# DFlash (docs/semantics.md 6.9): the greedy block verify
+
+
+def dflash_correct_drafts_and_bonus(*, candidates: torch.Tensor, target_predict: torch.Tensor, impl: str = "auto",
+                                    vocab_size: int | None = None,
+                                    checked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DFlash's greedy verify of one block per request -> (correct [bs] int32, bonus [bs] int64).
+
+    candidates: [bs, B] int32/int64, B >= 1: column 0 the block's root (the last verified token),
+    columns 1..B-1 the B - 1 drafted tokens; target_predict: [bs, B] int32/int64 on the same device,
+    the target's greedy token after each block position. correct[b] is the length of the leading
+    run where candidates[b, 1:] == target_predict[b, :-1] (the run stops at the first mismatch): the
+    number of accepted DRAFT tokens, WITHOUT the bonus. bonus[b] = target_predict[b, correct[b]].
+    A cycle emits correct + 1 tokens (the accepted drafts, then the bonus). A block of one (B = 1,
+    no draft) gives correct 0 and bonus target_predict[b, 0]; bs = 0 gives empty outputs.
+    The sampling variant is the chain case of stochastic verify: `kernels.verify_stochastic` on
+    `kernels.chain_tree(candidates[:, 0], candidates[:, 1:], ...)` (docs/semantics.md 6.9).
+    impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere). The Triton path reads
+    nothing back to the host: capture-safe.
+
+    Shapes, dtypes and devices are always checked (ValueError naming the argument; TypeError for a
+    non-tensor). The value check (token ids >= 0, and < vocab_size when it is given) reads the
+    device: `checked=None` (default) runs it on CPU tensors only, True on any device outside a
+    CUDA-graph capture (one device read), False never (as `create_draft_kv_indices`).
+    """
+    pick_impl(impl, candidates.device if isinstance(candidates, torch.Tensor) else torch.device("cpu"))
+    _index_tensor("candidates", candidates, 2, "[bs, B]", None)
+    _index_tensor("target_predict", target_predict, 2, "[bs, B]", candidates.device)
+    if target_predict.shape != candidates.shape:
+        raise ValueError(f"target_predict must have candidates' shape {tuple(candidates.shape)} (one prediction "
+                         f"per block position), got {tuple(target_predict.shape)}")
+    if candidates.shape[1] < 1:
+        raise ValueError(f"candidates must have B >= 1 columns (the root, then B - 1 drafts), "
+                         f"got shape {tuple(candidates.shape)}")
+    if vocab_size is not None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            raise TypeError(f"vocab_size must be an int >= 1 or None, got {type(vocab_size).__name__}")
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if _value_checks(checked, candidates.device) and candidates.shape[0]:
+        bounds = torch.stack([candidates.min(), target_predict.min(), candidates.max(), target_predict.max()])
+        lo_c, lo_p, hi_c, hi_p = bounds.to(torch.int64).tolist()             # the one device read
+        for name, lo, hi in (("candidates", lo_c, hi_c), ("target_predict", lo_p, hi_p)):
+            if lo < 0:
+                raise ValueError(f"{name} must hold token ids >= 0, got {lo}")
+            if vocab_size is not None and hi >= vocab_size:
+                raise ValueError(f"{name} must hold token ids < vocab_size ({vocab_size}), got {hi}")
+    return dflash_verify_impl(candidates, target_predict, impl)
