@@ -137,3 +137,19 @@ def out_dir(arg: str | None, cpu_smoke: bool) -> Path | None:
     if arg is not None:
         return Path(arg)
     return None if cpu_smoke else DEFAULT_OUT
+
+
+# Peak HBM bandwidth by device name (spec sheets), first match wins: the unit of "fraction of peak".
+PEAKS = (("H200", 4.8, "H200"), ("H100 PCIE", 2.0, "H100 PCIe"), ("H100 NVL", 3.9, "H100 NVL"),
+         ("H100", 3.35, "H100 SXM"))
+
+
+def peak_bandwidth(name: str, override: float | None) -> tuple[float | None, str]:
+    """(TB/s, where the figure comes from) for the device; None where unknown."""
+    if override is not None:
+        return override, "--peak-tbps"
+    upper = name.upper()
+    for key, tbps, label in PEAKS:
+        if key in upper:
+            return tbps, f"{label} spec sheet"
+    return None, f"unknown device {name!r}: no peak figure (pass --peak-tbps)"

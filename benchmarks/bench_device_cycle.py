@@ -52,7 +52,8 @@ import time
 import traceback
 import warnings
 
-from _common import base_parser, header, out_dir, require_cuda, table, write_results  # puts the repo root on sys.path
+from _common import (base_parser, header, out_dir, peak_bandwidth, require_cuda, table,  # puts the repo root on sys.path
+                     write_results)
 
 import torch  # noqa: E402
 
@@ -82,24 +83,11 @@ AIMS_TEXT = ("captured cycle <= 1 ms at bs <= 8 and <= 2 ms at bs 64; captured >
              "speculative tok/s above target-only whenever mean accept length >= 2")
 
 # Peak HBM bandwidth (TB/s) by device name; --peak-tbps overrides.
-PEAKS = (("H200", 4.8, "H200"), ("H100 PCIE", 2.0, "H100 PCIe"), ("H100 NVL", 3.9, "H100 NVL"),
-         ("H100", 3.35, "H100 SXM"))
 
 
 def aim_ms(bs: int) -> float | None:
     """The captured cycle's aim: <= 1 ms at bs <= 8, <= 2 ms at bs 64 (none stated between)."""
     return 1.0 if bs <= 8 else 2.0 if bs == 64 else None
-
-
-def peak_bandwidth(name: str, override: float | None) -> tuple[float | None, str]:
-    """(TB/s, where the figure comes from) for the device; None where unknown."""
-    if override is not None:
-        return override, "--peak-tbps"
-    upper = name.upper()
-    for key, tbps, label in PEAKS:
-        if key in upper:
-            return tbps, f"{label} spec sheet"
-    return None, "unknown device: pass --peak-tbps"
 
 
 def make_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:

@@ -39,28 +39,16 @@ import os
 import sys
 import time
 
-from _common import base_parser, header, out_dir, require_cuda, table, write_results  # puts the repo root on sys.path
+from _common import (base_parser, header, out_dir, peak_bandwidth, require_cuda, table,  # puts the repo root on sys.path
+                     write_results)
 
 import torch  # noqa: E402
 
 # Peak HBM bandwidth (TB/s) by device name, first match wins; --peak-tbps overrides.
-PEAKS = (("H200", 4.8, "H200"), ("H100 PCIE", 2.0, "H100 PCIe"), ("H100 NVL", 3.9, "H100 NVL"),
-         ("H100", 3.35, "H100 SXM"))
 AIM_SPEEDUP = 1.5
 AIM_PEAK = 0.60
 AIMS_TEXT = f"Triton >= {AIM_SPEEDUP:g}x over torch advanced indexing, and >= {AIM_PEAK:.0%} of the peak HBM bandwidth"
 SKIP_FRACTION = 0.25
-
-
-def peak_bandwidth(name: str, override: float | None) -> tuple[float | None, str]:
-    """(TB/s, where the figure comes from) for the device; None where unknown."""
-    if override is not None:
-        return override, "--peak-tbps"
-    upper = name.upper()
-    for key, tbps, label in PEAKS:
-        if key in upper:
-            return tbps, f"{label} spec sheet"
-    return None, f"unknown device {name!r}: no peak figure (pass --peak-tbps)"
 
 
 def parse_args(argv=None):
