@@ -394,7 +394,7 @@ def decode_attention_indexed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 # Mamba state commit (docs/semantics.md 6.8): the state after the last accepted node, scattered
 # from the verify's intermediate cache into the state cache
 
-STATE_TORCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+STATE_TORCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)   # float64: the float64 models' states
 
 
 def mamba_state_scatter(*, dst: torch.Tensor, src: torch.Tensor, dst_indices: torch.Tensor,
@@ -403,7 +403,8 @@ def mamba_state_scatter(*, dst: torch.Tensor, src: torch.Tensor, dst_indices: to
 
     dst: [L, S, *state] the state cache (L layers, S slots); src: [L, bs, D, *state] of dst's
     dtype, the verify's intermediate cache (request r's state after each of its D draft nodes,
-    indexed by r, the position in the batch, not by slot); dtype bfloat16, float16 or float32;
+    indexed by r, the position in the batch, not by slot); dtype bfloat16, float16, float32 or
+    float64 (the state dtype of float64 models);
     dst_indices, step_indices: [bs] int32/int64, request r's slot and the node whose state it
     commits (-1: commit nothing). For every r with step_indices[r] >= 0:
     dst[:, dst_indices[r]] = src[:, r, step_indices[r]], every layer, a bit-exact copy (NaN,
@@ -430,7 +431,7 @@ def mamba_state_scatter(*, dst: torch.Tensor, src: torch.Tensor, dst_indices: to
     if dst.dim() < 2:
         raise ValueError(f"dst must be [L, S, *state] (at least 2-D), got shape {tuple(dst.shape)}")
     if dst.dtype not in STATE_TORCH_DTYPES:
-        raise ValueError(f"dst dtype {dst.dtype} is not a state dtype (bfloat16, float16, float32)")
+        raise ValueError(f"dst dtype {dst.dtype} is not a state dtype (bfloat16, float16, float32, float64)")
     if src.dtype != dst.dtype:
         raise ValueError(f"src must have dst's dtype {dst.dtype}, got {src.dtype}")
     if src.device != dst.device:

@@ -26,6 +26,7 @@ from specverify.engine.device_state import RequestState, extend_batch, stop_mask
 from specverify.engine.penalties import PenaltyState, penalize, tree_counts
 from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
 from specverify.engine.spec_config import SpecConfig
+from specverify.engine.state_commit import commit_recurrent_states
 from specverify.engine.uniforms import counter_uniforms
 from specverify.kernels.tree import build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
@@ -187,8 +188,6 @@ class EagleCycle:
         dst = table[rows[:, None], (n[:, None] + j).clamp(max=last_index)]
         sink = torch.full_like(src, SINK_SLOT)
         self.cache.kv.move(torch.where(keep, src, sink).flatten(), torch.where(keep, dst, sink).flatten())
-        last = accept.gather(1, num_correct[:, None])[:, 0]
-        ar = torch.arange(rows.shape[0], device=rows.device)
-        for r_layer, inter in enumerate(out.rec_states):
-            buf = self.cache.states.state[r_layer]
-            buf[rows] = torch.where(live[:, None, None, None], inter[ar, last].to(buf.dtype), buf[rows])
+        last = accept.gather(1, num_correct[:, None])[:, 0]       # the tree position of the last accepted node
+        commit_recurrent_states(states=self.cache.states, intermediate=out.rec_states, rows=rows,
+                                steps=torch.where(live, last, -1))

@@ -35,6 +35,7 @@ from specverify.engine.eagle_cycle import packed_width
 from specverify.engine.penalties import penalize, tree_counts
 from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
 from specverify.engine.spec_config import SpecConfig
+from specverify.engine.state_commit import commit_recurrent_states
 from specverify.engine.uniforms import counter_uniforms
 from specverify.kernels.verify import inverse_cdf, target_predict, verify_naive
 from specverify.models import Batch, ModelCache, Models, chain_mask
@@ -119,9 +120,8 @@ class NaiveCycle:
         e0 = torch.where(accepted, d, bonus)
         produced = torch.stack([e0, torch.where(accepted, bonus, 0)], 1)
         ar = torch.arange(bs, device=rows.device)
-        for r_layer, inter in enumerate(out.rec_states):            # the state after the last kept node
-            buf = self.cache.states.state[r_layer]
-            buf[rows] = torch.where(live[:, None, None, None], inter[ar, count - 1].to(buf.dtype), buf[rows])
+        commit_recurrent_states(states=self.cache.states, intermediate=out.rec_states, rows=rows,
+                                steps=torch.where(live, count - 1, -1))   # the state after the last kept node
 
         emitted = rs.emitted[rows]
         taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)

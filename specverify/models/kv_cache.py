@@ -127,9 +127,10 @@ class KVBuffers:
 class StateBuffers:
     def __init__(self, *, num_layers: int, max_requests: int, state_shape: tuple[int, ...],
                  dtype: torch.dtype, device: str | torch.device = "cpu"):
-        self.state = [torch.zeros((max_requests, *state_shape), dtype=dtype, device=device)
-                      for _ in range(num_layers)]
+        # One tensor [layers, rows, *state] (what a verify's commit scatters into); `state` holds
+        # its per-layer views [rows, *state].
+        self.stacked = torch.zeros((num_layers, max_requests, *state_shape), dtype=dtype, device=device)
+        self.state = list(self.stacked.unbind(0))
 
     def reset(self, rows: torch.Tensor) -> None:
-        for buf in self.state:
-            buf[rows] = 0
+        self.stacked[:, rows] = 0

@@ -1450,8 +1450,10 @@ def _ia_errors(which: str):
 # A pure copy: dst compares exactly, and bit for bit (dst_bits) for NaN, -0.0 and subnormals.
 
 MSS_TRITON_BLOCK = 32
-MSS_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
-MSS_MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}   # subnormal codes: [1, 2**bits)
+MSS_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+            torch.bfloat16: torch.int16}
+MSS_MANTISSA_BITS = {torch.float64: 52, torch.float32: 23, torch.float16: 10,
+                     torch.bfloat16: 7}   # subnormal codes: [1, 2**bits)
 
 
 def _mss_bits(x: torch.Tensor) -> torch.Tensor:
@@ -1592,9 +1594,9 @@ def _mss_errors(which: str):
         yield ErrorInput("dst-1d", call(dst=dst[0, 0]), ValueError, r"dst must be \[L, S, \*state\] \(at least 2-D\)",
                          "dst")
         yield ErrorInput("dst-int32", call(dst=dst.to(torch.int32)), ValueError,
-                         r"dst dtype torch.int32 is not a state dtype \(bfloat16, float16, float32\)", "dst")
-        yield ErrorInput("dst-float64", call(dst=dst.double(), src=src.double()), ValueError,
-                         r"dst dtype torch.float64 is not a state dtype", "dst")
+                         r"dst dtype torch.int32 is not a state dtype \(bfloat16, float16, float32, float64\)", "dst")
+        yield ErrorInput("dst-float8", call(dst=dst.to(torch.float8_e4m3fn), src=src.to(torch.float8_e4m3fn)),
+                         ValueError, r"dst dtype torch.float8_e4m3fn is not a state dtype", "dst")
         yield ErrorInput("src-dtype-mismatch", call(src=src.half()), ValueError,
                          "src must have dst's dtype torch.float32, got torch.float16", "src")
         yield ErrorInput("src-device", call(src=src.to("meta")), ValueError, "src is on meta, dst on cpu", "src")
@@ -1954,7 +1956,7 @@ REGISTRY: dict[str, OpSpec] = {op.name: op for op in (
            _ia_errors("triton"), _only("float32", "float16", "bfloat16"), {"out": CLOSE}, platform_dependent=False,
            max_examples=3),
     OpSpec("mamba_state_scatter", _mss_impl("torch"), _mss_ref, _mss_samples(False), _mss_recipe, _mss_errors("torch"),
-           _only("float32", "float16", "bfloat16"), {"dst": EXACT, "dst_bits": EXACT}, platform_dependent=False,
+           _only("float32", "float16", "bfloat16", "float64"), {"dst": EXACT, "dst_bits": EXACT}, platform_dependent=False,
            max_examples=15),
     OpSpec("mamba_state_scatter_triton", _mss_impl("triton"), _mss_ref, _mss_samples(True), _mss_recipe,
            _mss_errors("triton"), _only("float32", "float16", "bfloat16"), {"dst": EXACT, "dst_bits": EXACT},
