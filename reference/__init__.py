@@ -3,7 +3,8 @@
 Independent of `specverify/` by construction (it imports nothing from it; a test enforces
 this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 
-- `forward` / `forward_logits` / `tree_node_logits`: the cache-free target model (section 1);
+- `forward` / `forward_logits` / `tree_node_logits` / `recurrent_states`: the cache-free target model
+  (section 1), and the recurrent layers' state after a token list;
 - `convert_logits` / `greedy_token`: logits dtypes, FP8 included, and the tie rule (sections 2-3);
 - `filtered_probs` / `draw` / `sample_token` / `counter_uniform`: sampling (section 4);
 - `generate`: target-only generation (section 5), the output every decoder must reproduce;
@@ -32,7 +33,7 @@ from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutp
 from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
 from reference.logits import ConvertedLogits, convert_logits, greedy_token, row_scale
-from reference.model import forward, forward_logits, tree_node_logits
+from reference.model import forward, forward_logits, recurrent_states, tree_node_logits
 from reference.naive_eagle_kv import create_draft_kv_indices
 from reference.protocol import (
     DEFAULT_PROTOCOL_CAPACITY,
@@ -81,6 +82,7 @@ __all__ = [
     "first_token_distribution",
     "forward",
     "forward_logits",
+    "recurrent_states",
     "generate",
     "generate_speculative",
     "greedy_token",

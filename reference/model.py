@@ -73,13 +73,18 @@ def attention_mixer(config, weights: dict, i: int, n: torch.Tensor, positions: l
 
 def recurrent_mixer(config, weights: dict, i: int, n: torch.Tensor) -> torch.Tensor:
     """Gated linear recurrence S_t = a_t S_{t-1} + outer(k_t/sqrt(dk), v_t), y_t = q_t S_t."""
+    return _recurrence(config, weights, i, n)[0]
+
+
+def _recurrence(config, weights: dict, i: int, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """recurrent_mixer's output [T, H] and the state after the last token [nr, dk, dv]."""
     T = n.shape[0]
     nr, dk, dv = config.num_rec_heads, config.rec_key_dim, config.rec_value_dim
     q = n @ _w(weights, f"layers.{i}.wq")  # [T, nr*dk]
     k = n @ _w(weights, f"layers.{i}.wk")  # [T, nr*dk]
     v = n @ _w(weights, f"layers.{i}.wv")  # [T, nr*dv]
     a = torch.sigmoid(n @ _w(weights, f"layers.{i}.wa") + _w(weights, f"layers.{i}.ba"))  # [T, nr]
-    heads = []
+    heads, states = [], []
     for r in range(nr):
         S = torch.zeros(dk, dv, dtype=F64)
         out_r = []
@@ -90,8 +95,33 @@ def recurrent_mixer(config, weights: dict, i: int, n: torch.Tensor) -> torch.Ten
             S = a[t, r] * S + torch.outer(k_t / math.sqrt(dk), v_t)
             out_r.append(q_t @ S)  # [dv]
         heads.append(torch.stack(out_r))  # [T, dv]
+        states.append(S)
     concat = torch.cat(heads, dim=1)  # [T, nr*dv]
-    return concat @ _w(weights, f"layers.{i}.wo")  # [T, H]
+    return concat @ _w(weights, f"layers.{i}.wo"), torch.stack(states)  # [T, H], [nr, dk, dv]
+
+
+def recurrent_states(config, weights: dict, tokens) -> list[torch.Tensor]:
+    """The state of every recurrent layer after the last of `tokens` ([nr, dk, dv] float64 each, in
+    layer order): the recurrence re-run over exactly these tokens (what a decoder's state cache must
+    hold once they are committed)."""
+    tokens = [int(x) for x in tokens]
+    if not tokens:
+        raise ValueError("tokens: need at least 1 token")
+    eps, out = config.norm_eps, []
+    h = _w(weights, "embed")[tokens]
+    positions = list(range(len(tokens)))
+    for i, kind in enumerate(config.layer_kinds):
+        n = rmsnorm(h, _w(weights, f"layers.{i}.attn_norm"), eps)
+        if kind == "recurrent":
+            mixed, state = _recurrence(config, weights, i, n)
+            out.append(state)
+            h = h + mixed
+        else:
+            h = h + attention_mixer(config, weights, i, n, positions)
+        n = rmsnorm(h, _w(weights, f"layers.{i}.mlp_norm"), eps)
+        h = h + (silu(n @ _w(weights, f"layers.{i}.w_gate")) * (n @ _w(weights, f"layers.{i}.w_up"))) @ \
+            _w(weights, f"layers.{i}.w_down")
+    return out
 
 
 def forward(config, weights: dict, tokens, positions=None) -> tuple[torch.Tensor, torch.Tensor]:
