@@ -153,3 +153,17 @@ def peak_bandwidth(name: str, override: float | None) -> tuple[float | None, str
         if key in upper:
             return tbps, f"{label} spec sheet"
     return None, f"unknown device {name!r}: no peak figure (pass --peak-tbps)"
+
+
+CAPTURES_NOTE = ("captures = CUDA-graph buckets captured before timing (the batch's bucket and every smaller one) "
+                 "and their time; prefill and captures are not in any figure above.")
+
+
+def closing_lines(aims: list[str], cpu_smoke: bool, errors: list[str]) -> list[str]:
+    """A report's end: the aims' verdicts, the --cpu-smoke caveat, the errors of failed runs."""
+    out = ["", "## Aims", ""] + aims
+    if cpu_smoke:
+        out += ["", "(--cpu-smoke: the verdicts above only show that the report is assembled; CPU times mean nothing.)"]
+    if errors:
+        out += ["", "Errors (the first line of each):", ""] + errors
+    return out

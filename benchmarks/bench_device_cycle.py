@@ -52,8 +52,8 @@ import time
 import traceback
 import warnings
 
-from _common import (base_parser, header, out_dir, peak_bandwidth, require_cuda, table,  # puts the repo root on sys.path
-                     write_results)
+from _common import (CAPTURES_NOTE, base_parser, closing_lines, header, out_dir, peak_bandwidth,  # puts the repo root on sys.path
+                     require_cuda, table, write_results)
 
 import torch  # noqa: E402
 
@@ -594,13 +594,7 @@ def main(argv=None) -> int:
     lines += ["", "## Where the time goes", ""]
     lines += table(["spec", "draft", "bs", "mode", "prefill ms", "captures / ms", "warm-up steps", "sync steps",
                     "timed full / all steps", "timed ms"], det + tdet)
-    lines += ["", "captures = CUDA-graph buckets captured before timing (the batch's bucket and every smaller one) "
-              "and their time; prefill and captures are not in any figure above."]
-    lines += ["", "## Aims", ""] + aim_lines(aims)
-    if args.cpu_smoke:
-        lines += ["", "(--cpu-smoke: the verdicts above only show that the report is assembled; CPU times mean nothing.)"]
-    if errors:
-        lines += ["", "Errors (the first line of each):", ""] + errors
+    lines += ["", CAPTURES_NOTE] + closing_lines(aim_lines(aims), args.cpu_smoke, errors)
     write_results(lines, out_dir(args.out, args.cpu_smoke), "device_cycle", args.cpu_smoke)
     if not ok:
         print("bench_device_cycle: a run failed, the graph and eager runs emitted different tokens, or the attention "

@@ -51,7 +51,8 @@ from __future__ import annotations
 import sys
 import time
 
-from _common import base_parser, header, out_dir, require_cuda, table, write_results  # puts the repo root on sys.path
+from _common import (CAPTURES_NOTE, base_parser, closing_lines, header, out_dir, require_cuda, table,  # puts the repo root on sys.path
+                     write_results)
 
 import specverify  # noqa: E402
 from bench_device_cycle import (PROMPT_LENS, _f, _yes, captured, drive, guarded, make_prompts,  # noqa: E402
@@ -338,13 +339,7 @@ def main(argv=None) -> int:
     lines += ["", "## Where the time goes", ""]
     lines += table(["draft", "bs", "mode", "prefill ms", "captures / ms", "warm-up steps", "sync steps",
                     "timed full / all steps", "timed ms", "mean accept"], det + tdet)
-    lines += ["", "captures = CUDA-graph buckets captured before timing (the batch's bucket and every smaller one) "
-              "and their time; prefill and captures are not in any figure above."]
-    lines += ["", "## Aims", ""] + aim_lines(aims)
-    if args.cpu_smoke:
-        lines += ["", "(--cpu-smoke: the verdicts above only show that the report is assembled; CPU times mean nothing.)"]
-    if errors:
-        lines += ["", "Errors (the first line of each):", ""] + errors
+    lines += ["", CAPTURES_NOTE] + closing_lines(aim_lines(aims), args.cpu_smoke, errors)
     write_results(lines, out_dir(args.out, args.cpu_smoke), "naive_eagle", args.cpu_smoke)
     if not ok:
         print("bench_naive_eagle: a run failed, or the fused graph, fused eager and unfused runs emitted different "
