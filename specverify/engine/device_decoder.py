@@ -102,7 +102,9 @@ class DeviceDecoder:
     def run_step(self, reqs: list[Request]) -> tuple[list[list[int]], dict]:
         """Reserve, run the step on the rows of `reqs`, read the packed result back once.
         Returns (one list of ints per lane, the step's outputs)."""
-        self._reserve(reqs, 0)              # normally done already, while the previous step ran
+        # This step's pages were reserved by `start` (the first step) or while the previous step
+        # ran; flushing applies anything still queued (a no-op otherwise).
+        self.cache.table.flush()
         if self._rows is None:
             self._rows = rows_tensor([r.row for r in reqs], self.dev)
         out = self.runner.run({"rows": self._rows})
