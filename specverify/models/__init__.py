@@ -12,7 +12,7 @@ from specverify.models.draft import DraftHead
 from specverify.models.kv_cache import CacheFullError, KVBuffers, SlotTable, StateBuffers
 from specverify.models.layers import Batch, chain_mask
 from specverify.models.target import ForwardOutput, ModelCache, TargetModel
-from specverify.models.weights import draft_weights, target_weights
+from specverify.models.weights import dflash_weights, draft_weights, mtp_weights, target_weights
 from specverify.platform import resolve
 
 __all__ = ["Models", "build_models", "ModelConfig", "preset_config", "TargetModel", "DraftHead", "ModelCache",
@@ -29,6 +29,10 @@ class Models:
     draft_weights: dict[str, torch.Tensor]
     target: TargetModel
     draft: DraftHead            # or any draft model with the same `forward(cache, batch, features)`
+    mtp_weights: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
+    dflash_weights: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    mtp: list = dataclasses.field(default_factory=list)   # MTP heads, head j = draft step j (own K/V layer j)
+    dflash: DraftHead | None = None                        # the DFlash block draft (K/V layer 0)
 
     @property
     def device(self) -> torch.device:
@@ -41,7 +45,8 @@ def build_models(preset: str = "tiny", *, seed: int = 0, hybrid: bool = False,
                  platform=None, device: str | None = None) -> Models:
     """Build the `preset` models ("tiny" or "small") deterministically from `seed`.
 
-    The draft is the plain EAGLE head. Tests steer it towards the target (an agreement rate)
+    The drafts: the plain EAGLE head (`draft`), the MTP heads (`mtp`, one per draft step) and the
+    DFlash block head (`dflash`); each has float64 masters beside the target's. Tests steer it towards the target (an agreement rate)
     with a wrapper of their own (`tests/support/steering.py`), never through the engine.
     """
     profile = check_build_args(preset=preset, seed=seed, hybrid=hybrid, compute_dtype=compute_dtype,
@@ -60,4 +65,7 @@ def build_models(preset: str = "tiny", *, seed: int = 0, hybrid: bool = False,
     tw, dw = target_weights(cfg, seed), draft_weights(cfg, seed)
     target = TargetModel(cfg, tw, device)
     draft = DraftHead(cfg, dw, target.w, dtype=target.dtype, device=device)
-    return Models(cfg, seed, tw, dw, target, draft)
+    mw, fw = mtp_weights(cfg, seed), dflash_weights(cfg, seed)
+    mtp = [DraftHead(cfg, w, target.w, dtype=target.dtype, device=device, kv_layer=j) for j, w in enumerate(mw)]
+    dflash = DraftHead(cfg, fw, target.w, dtype=target.dtype, device=device)
+    return Models(cfg, seed, tw, dw, target, draft, mw, fw, mtp, dflash)

@@ -21,6 +21,8 @@ class ModelConfig:
     num_rec_heads: int = 2              # recurrent layers: heads, key dim, value dim
     rec_key_dim: int = 16
     rec_value_dim: int = 16
+    rec_conv_width: int = 4             # recurrent layers: causal conv window over the q|k|v projections
+    mtp_heads: int = 3                  # the MTP draft's heads (one per draft step)
     compute_dtype: str = "float32"      # dtype the optimized model computes in
     logits_dtype: str = "float32"       # dtype logits are delivered in (FP8 = quantized)
     logits_scale: float = 1.0           # static per-model FP8 logits scale
@@ -35,12 +37,21 @@ class ModelConfig:
             raise ValueError(f"layer_kinds entries must be 'attention' or 'recurrent', got {bad}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.rec_conv_width < 2:
+            raise ValueError(f"rec_conv_width must be >= 2 (a window of earlier inputs), got {self.rec_conv_width}")
+        if self.mtp_heads < 1:
+            raise ValueError(f"mtp_heads must be >= 1, got {self.mtp_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
     @property
     def is_hybrid(self) -> bool:
         return "recurrent" in self.layer_kinds
+
+    @property
+    def rec_channels(self) -> int:
+        """Channels of a recurrent layer's conv window: its q | k | v projections side by side."""
+        return self.num_rec_heads * (2 * self.rec_key_dim + self.rec_value_dim)
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -53,12 +64,18 @@ def _layer_kinds(num_layers: int, hybrid: bool) -> tuple[str, ...]:
     return tuple("recurrent" if i % 2 == 0 else "attention" for i in range(num_layers))
 
 
+# The tiny hybrid has one layer more than the dense tiny model: recurrent, attention, recurrent, so
+# a commit must keep two recurrent layers apart (seed 004's multi-layer swap is expressible).
+TINY_HYBRID_LAYERS = 3
+
+
 def preset(name: str, *, hybrid: bool = False) -> ModelConfig:
     """`tiny`: CPU tests (a 64-token generation well under a second). `small`: GPU benchmarks."""
     if name == "tiny":
-        return ModelConfig(vocab_size=389, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        layers = TINY_HYBRID_LAYERS if hybrid else 2
+        return ModelConfig(vocab_size=389, hidden_size=64, num_layers=layers, num_heads=4, num_kv_heads=2,
                            head_dim=16, intermediate_size=96, max_context=512,
-                           layer_kinds=_layer_kinds(2, hybrid), init_std=1.0)
+                           layer_kinds=_layer_kinds(layers, hybrid), init_std=1.0)
     if name == "small":
         return ModelConfig(vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
                            head_dim=64, intermediate_size=1408, max_context=4096,

@@ -22,12 +22,18 @@ from specverify.models.target import ForwardOutput, ModelCache, deliver_logits
 
 class DraftHead:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], target_w: dict[str, torch.Tensor],
-                 *, dtype: torch.dtype, device="cpu"):
+                 *, dtype: torch.dtype, device="cpu", kv_layer: int = 0):
+        """kv_layer: the layer of the cache's draft K/V buffers this head owns (an MTP draft has
+        one head per step, each with its own layer)."""
         self.config = config
         self.device = torch.device(device)
+        self.kv_layer = kv_layer
         self.w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
-        # Shared with the target, as EAGLE heads share the embedding and lm_head.
+        # Shared with the target, as EAGLE heads share the embedding and lm_head. A DFlash head
+        # adds its mask embedding as one more row: token id vocab_size is "not known yet".
         self.embed = target_w["embed"]
+        if "mask_embed" in self.w:
+            self.embed = torch.cat([self.embed, self.w["mask_embed"][None, :]], 0)
         self.lm_head = target_w["lm_head"]
         self.rotary = layers.RotaryTable(config.max_context, config.head_dim, config.rope_theta, self.device)
         layers.fuse_qkv(self.w, "layer")
@@ -42,7 +48,8 @@ class DraftHead:
         x = torch.cat([self.embed[batch.input_ids], features.to(self.embed.dtype)], dim=-1) @ w["fc"]
         n = layers.rmsnorm(x, w["layer.attn_norm"], cfg.norm_eps)
         table = cache.table.req_to_token
-        x = x + layers.attention(n, w, "layer", batch, cache.draft_kv.k[0], cache.draft_kv.v[0], table,
+        x = x + layers.attention(n, w, "layer", batch, cache.draft_kv.k[self.kv_layer],
+                                 cache.draft_kv.v[self.kv_layer], table,
                                  layers.plan_attention(batch, table, self.rotary, x.dtype),
                                  num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
         x = x + layers.swiglu_mlp(x, w, "layer", cfg.norm_eps)

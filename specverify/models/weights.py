@@ -45,6 +45,10 @@ def _recurrent(gen: torch.Generator, cfg: ModelConfig, prefix: str, out: dict) -
     out[f"{prefix}.wq"] = _draw(gen, (h, nr * dk), 1 / math.sqrt(h))
     out[f"{prefix}.wk"] = _draw(gen, (h, nr * dk), 1 / math.sqrt(h))
     out[f"{prefix}.wv"] = _draw(gen, (h, nr * dv), 1 / math.sqrt(h))
+    # Causal conv taps over the q | k | v projections, oldest first: the current input's tap near 1.
+    conv = _draw(gen, (cfg.rec_conv_width, cfg.rec_channels), 0.3)
+    conv[-1] += 1.0
+    out[f"{prefix}.conv"] = conv
     out[f"{prefix}.wa"] = _draw(gen, (h, nr), 1 / math.sqrt(h))
     out[f"{prefix}.ba"] = 1.0 + _draw(gen, (nr,), 0.5)   # decay gates mostly open: long memory
     out[f"{prefix}.wo"] = _draw(gen, (nr * dv, h), 0.5 / math.sqrt(nr * dv))
@@ -63,15 +67,30 @@ def target_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def draft_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+def draft_weights(cfg: ModelConfig, seed: int, *, stream: int = 0x5EED) -> dict[str, torch.Tensor]:
     """EAGLE head: fc over [embed(token), target hidden] -> one attention layer -> own final norm.
 
-    The head shares the target's embedding and lm_head, so it has none of its own.
+    The head shares the target's embedding and lm_head, so it has none of its own. `stream`
+    offsets the seed: the MTP and DFlash heads are heads of the same structure drawn apart.
     """
-    gen = torch.Generator("cpu").manual_seed(seed + 0x5EED)
+    gen = torch.Generator("cpu").manual_seed(seed + stream)
     h = cfg.hidden_size
     out: dict[str, torch.Tensor] = {"fc": _draw(gen, (2 * h, h), 1 / math.sqrt(2 * h))}
     _attention(gen, cfg, "layer", out)
     _mlp(gen, cfg, "layer", out)
     out["final_norm"] = _norm_weight(gen, h)
+    return out
+
+
+def mtp_weights(cfg: ModelConfig, seed: int) -> list[dict[str, torch.Tensor]]:
+    """The MTP draft: `cfg.mtp_heads` heads, each shaped as the EAGLE head; head j runs draft step j."""
+    return [draft_weights(cfg, seed, stream=0x3770 + 17 * j) for j in range(cfg.mtp_heads)]
+
+
+def dflash_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """The DFlash block draft: an EAGLE-shaped head plus `mask_embed` [H], the input embedding of
+    the block's not-yet-known positions (token id `vocab_size` of the head's own table)."""
+    out = draft_weights(cfg, seed, stream=0xDF1A)
+    gen = torch.Generator("cpu").manual_seed(seed + 0xDF1B)
+    out["mask_embed"] = _draw(gen, (cfg.hidden_size,), 1.0)
     return out
