@@ -72,17 +72,28 @@ def attention_mixer(config, weights: dict, i: int, n: torch.Tensor, positions: l
 
 
 def recurrent_mixer(config, weights: dict, i: int, n: torch.Tensor) -> torch.Tensor:
-    """Gated linear recurrence S_t = a_t S_{t-1} + outer(k_t/sqrt(dk), v_t), y_t = q_t S_t."""
+    """Causal conv over the q|k|v projections, then S_t = a_t S_{t-1} + outer(k_t/sqrt(dk), v_t), y_t = q_t S_t."""
     return _recurrence(config, weights, i, n)[0]
 
 
-def _recurrence(config, weights: dict, i: int, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """recurrent_mixer's output [T, H] and the state after the last token [nr, dk, dv]."""
+def _conv_window(u: torch.Tensor, t: int, width: int) -> torch.Tensor:
+    """The last `width` inputs up to row t of u [T, C], oldest first, zero rows before row 0."""
+    rows = []
+    for s in range(t - width + 1, t + 1):
+        rows.append(u[s] if s >= 0 else torch.zeros(u.shape[1], dtype=F64))
+    return torch.stack(rows)  # [width, C]
+
+
+def _recurrence(config, weights: dict, i: int, n: torch.Tensor):
+    """recurrent_mixer's output [T, H], the recurrent state after the last token [nr, dk, dv] and
+    the conv window after it [W-1, C]."""
     T = n.shape[0]
-    nr, dk, dv = config.num_rec_heads, config.rec_key_dim, config.rec_value_dim
-    q = n @ _w(weights, f"layers.{i}.wq")  # [T, nr*dk]
-    k = n @ _w(weights, f"layers.{i}.wk")  # [T, nr*dk]
-    v = n @ _w(weights, f"layers.{i}.wv")  # [T, nr*dv]
+    nr, dk, dv, W = config.num_rec_heads, config.rec_key_dim, config.rec_value_dim, config.rec_conv_width
+    u = torch.cat([n @ _w(weights, f"layers.{i}.wq"), n @ _w(weights, f"layers.{i}.wk"),
+                   n @ _w(weights, f"layers.{i}.wv")], dim=1)  # [T, C]: q | k | v
+    conv = _w(weights, f"layers.{i}.conv")  # [W, C], oldest tap first
+    c = torch.stack([silu((_conv_window(u, t, W) * conv).sum(dim=0)) for t in range(T)])  # [T, C]
+    q, k, v = c[:, :nr * dk], c[:, nr * dk:2 * nr * dk], c[:, 2 * nr * dk:]
     a = torch.sigmoid(n @ _w(weights, f"layers.{i}.wa") + _w(weights, f"layers.{i}.ba"))  # [T, nr]
     heads, states = [], []
     for r in range(nr):
@@ -97,13 +108,14 @@ def _recurrence(config, weights: dict, i: int, n: torch.Tensor) -> tuple[torch.T
         heads.append(torch.stack(out_r))  # [T, dv]
         states.append(S)
     concat = torch.cat(heads, dim=1)  # [T, nr*dv]
-    return concat @ _w(weights, f"layers.{i}.wo"), torch.stack(states)  # [T, H], [nr, dk, dv]
+    window = _conv_window(u, T - 1, W)[1:]  # [W-1, C]: the inputs the next token's conv still sees
+    return concat @ _w(weights, f"layers.{i}.wo"), torch.stack(states), window
 
 
-def recurrent_states(config, weights: dict, tokens) -> list[torch.Tensor]:
-    """The state of every recurrent layer after the last of `tokens` ([nr, dk, dv] float64 each, in
-    layer order): the recurrence re-run over exactly these tokens (what a decoder's state cache must
-    hold once they are committed)."""
+def recurrent_states(config, weights: dict, tokens) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every recurrent layer's state after the last of `tokens`, in layer order: (recurrent state
+    [nr, dk, dv], conv window [W-1, C]) float64, the recurrence re-run over exactly these tokens
+    (what a decoder's state cache must hold once they are committed)."""
     tokens = [int(x) for x in tokens]
     if not tokens:
         raise ValueError("tokens: need at least 1 token")
@@ -113,8 +125,8 @@ def recurrent_states(config, weights: dict, tokens) -> list[torch.Tensor]:
     for i, kind in enumerate(config.layer_kinds):
         n = rmsnorm(h, _w(weights, f"layers.{i}.attn_norm"), eps)
         if kind == "recurrent":
-            mixed, state = _recurrence(config, weights, i, n)
-            out.append(state)
+            mixed, state, window = _recurrence(config, weights, i, n)
+            out.append((state, window))
             h = h + mixed
         else:
             h = h + attention_mixer(config, weights, i, n, positions)

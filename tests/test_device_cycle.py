@@ -76,8 +76,12 @@ def state_rows(dec, req) -> dict[str, torch.Tensor]:
             rows[field.name] = getattr(st, field.name)[row]
     if rs.penalty is not None:
         rows.update(penalty_counts=rs.penalty.counts[row], penalty_prompt=rs.penalty.prompt[row])
-    for i, buf in enumerate(dec.cache.states.state):
+    states = dec.cache.states
+    for i, (buf, conv) in enumerate(zip(states.state, states.conv)):
         rows[f"recurrent[{i}]"] = buf[row]
+        rows[f"conv[{i}]"] = conv[row]
+        rows[f"tracking recurrent[{i}]"] = buf[states.tracking_slot(row)]
+        rows[f"tracking conv[{i}]"] = conv[states.tracking_slot(row)]
     return rows
 
 

@@ -16,7 +16,7 @@ import torch
 
 import reference
 from reference.logits import convert_logits, greedy_token, row_scale
-from reference.model import forward, forward_logits, rope, tree_node_logits
+from reference.model import forward, forward_logits, recurrent_states, rope, tree_node_logits
 from reference.sampling import counter_uniform, draw, filtered_probs, keep_min_p, keep_top_k, keep_top_p
 
 from reference import fp8 as ref_fp8  # noqa: F401  (an import error fails the module, never skips it)
@@ -45,6 +45,7 @@ def make_config(layer_kinds=("attention",), **overrides):
         num_rec_heads=2,
         rec_key_dim=3,
         rec_value_dim=4,
+        rec_conv_width=3,
         max_context=32,
         layer_kinds=tuple(layer_kinds),
         logits_dtype="float32",
@@ -80,6 +81,7 @@ def make_weights(c, seed=0):
             w[f"layers.{i}.wq"] = rnd(H, nr * dk)
             w[f"layers.{i}.wk"] = rnd(H, nr * dk)
             w[f"layers.{i}.wv"] = rnd(H, nr * dv)
+            w[f"layers.{i}.conv"] = rnd(c.rec_conv_width, nr * (2 * dk + dv))
             w[f"layers.{i}.wa"] = rnd(H, nr)
             w[f"layers.{i}.ba"] = rnd(nr)
             w[f"layers.{i}.wo"] = rnd(nr * dv, H)
@@ -152,7 +154,10 @@ def test_recurrent_forward_matches_closed_form_t2():
     nr, dk, dv = c.num_rec_heads, c.rec_key_dim, c.rec_value_dim
     h = w["embed"][tokens]
     n = norm(h, w["layers.0.attn_norm"], c.norm_eps)
-    q, k, v = n @ w["layers.0.wq"], n @ w["layers.0.wk"], n @ w["layers.0.wv"]
+    u = torch.cat([n @ w["layers.0.wq"], n @ w["layers.0.wk"], n @ w["layers.0.wv"]], 1)
+    taps = w["layers.0.conv"]            # [3, C], oldest first: token t sees taps[-1] u_t + taps[-2] u_{t-1}
+    conv = torch.nn.functional.silu(torch.stack([taps[-1] * u[0], taps[-2] * u[0] + taps[-1] * u[1]]))
+    q, k, v = conv[:, :nr * dk], conv[:, nr * dk:2 * nr * dk], conv[:, 2 * nr * dk:]
     a = torch.sigmoid(n @ w["layers.0.wa"] + w["layers.0.ba"])
     ys = torch.zeros(2, nr * dv, dtype=torch.float64)
     for r in range(nr):
@@ -604,3 +609,18 @@ def test_generate_validation_errors(hybrid, prompts, kwargs, match):
 def test_generate_accepts_context_exactly_full(hybrid):
     out = reference.generate(hybrid, [[1] * 29], max_new_tokens=3)
     assert len(out.tokens[0]) == 3
+
+
+def test_recurrent_states_hold_the_conv_window_zero_padded_before_the_first_token():
+    m = make_models(("recurrent", "attention", "recurrent"), seed=6)
+    c, w = m.config, m.target_weights
+    one = recurrent_states(c, w, [5])
+    three = recurrent_states(c, w, [5, 2, 11])
+    assert len(one) == len(three) == 2       # one (state, window) pair per recurrent layer, in layer order
+    for i, ((_, short), (_, long)) in zip((0, 2), zip(one, three)):
+        assert short.shape == long.shape == (c.rec_conv_width - 1, c.num_rec_heads * (2 * c.rec_key_dim + c.rec_value_dim))
+        assert not short[0].any() and short[1].abs().sum() > 0, f"layer {i}: one token leaves one zero row first"
+    # The first layer's window after 3 tokens is its last two q|k|v inputs, oldest first.
+    n = norm(w["embed"][[5, 2, 11]], w["layers.0.attn_norm"], c.norm_eps)
+    u = torch.cat([n @ w["layers.0.wq"], n @ w["layers.0.wk"], n @ w["layers.0.wv"]], 1)
+    torch.testing.assert_close(three[0][1], u[1:], rtol=1e-12, atol=1e-12)

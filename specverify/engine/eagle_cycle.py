@@ -26,7 +26,7 @@ from specverify.engine.device_state import RequestState, extend_batch, stop_mask
 from specverify.engine.penalties import PenaltyState, penalize, tree_counts
 from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
 from specverify.engine.spec_config import SpecConfig
-from specverify.engine.state_commit import commit_recurrent_states
+from specverify.engine.state_commit import commit_recurrent_states, tracking_step
 from specverify.engine.uniforms import counter_uniforms
 from specverify.kernels.tree import build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
@@ -68,6 +68,7 @@ class EagleCycle:
         self.models, self.cache, self.state, self.params = models, cache, state, params
         self.seed, self.eos, self.profile = seed, eos_token_id, profile
         self.k, self.S, self.D = config.topk, config.num_steps, config.draft_tokens
+        self.track_interval = config.state_track_interval
         self.with_logits, self.checked = with_logits, checked
 
     # -- draft -------------------------------------------------------------------------------
@@ -189,5 +190,7 @@ class EagleCycle:
         sink = torch.full_like(src, SINK_SLOT)
         self.cache.kv.move(torch.where(keep, src, sink).flatten(), torch.where(keep, dst, sink).flatten())
         last = accept.gather(1, num_correct[:, None])[:, 0]       # the tree position of the last accepted node
-        commit_recurrent_states(states=self.cache.states, intermediate=out.rec_states, rows=rows,
-                                steps=torch.where(live, last, -1))
+        tracked = None if self.track_interval is None else tracking_step(
+            path=accept, num_correct=num_correct, seq_lens=n, interval=self.track_interval, live=live)
+        commit_recurrent_states(states=self.cache.states, recurrent=out.rec_states, conv=out.conv_states, rows=rows,
+                                steps=torch.where(live, last, -1), tracking_steps=tracked)

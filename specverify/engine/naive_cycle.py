@@ -35,7 +35,7 @@ from specverify.engine.eagle_cycle import packed_width
 from specverify.engine.penalties import penalize, tree_counts
 from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
 from specverify.engine.spec_config import SpecConfig
-from specverify.engine.state_commit import commit_recurrent_states
+from specverify.engine.state_commit import commit_recurrent_states, tracking_step
 from specverify.engine.uniforms import counter_uniforms
 from specverify.kernels.verify import inverse_cdf, target_predict, verify_naive
 from specverify.models import Batch, ModelCache, Models, chain_mask
@@ -69,6 +69,7 @@ class NaiveCycle:
         self.mode = "greedy" if params.greedy else config.naive_sampling
         self.with_logits, self.fused = with_logits, fused
         self.width = packed_width(config)
+        self.track_interval = config.state_track_interval
 
     # -- the draft --------------------------------------------------------------------------------
     def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, active, last) -> None:
@@ -120,8 +121,12 @@ class NaiveCycle:
         e0 = torch.where(accepted, d, bonus)
         produced = torch.stack([e0, torch.where(accepted, bonus, 0)], 1)
         ar = torch.arange(bs, device=rows.device)
-        commit_recurrent_states(states=self.cache.states, intermediate=out.rec_states, rows=rows,
-                                steps=torch.where(live, count - 1, -1))   # the state after the last kept node
+        tracked = None if self.track_interval is None else tracking_step(
+            path=torch.arange(2, device=rows.device).expand(bs, 2), num_correct=count - 1, seq_lens=n,
+            interval=self.track_interval, live=live)
+        commit_recurrent_states(states=self.cache.states, recurrent=out.rec_states, conv=out.conv_states, rows=rows,
+                                steps=torch.where(live, count - 1, -1),   # the state after the last kept node
+                                tracking_steps=tracked)
 
         emitted = rs.emitted[rows]
         taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)

@@ -13,13 +13,16 @@ from specverify.engine.logprobs import LogprobChannel
 from specverify.engine.penalties import PenaltyState
 from specverify.engine.requests import Request
 from specverify.engine.sampling import SamplingParams, choose_tokens
+from specverify.engine.state_commit import commit_recurrent_states
 from specverify.engine.uniforms import counter_uniforms
 from specverify.models import ModelCache, Models
 
 
 def prefill(models: Models, cache: ModelCache, state: RequestState, reqs: list[Request], params: SamplingParams, *,
-            seed: int, eos_token_id: int | None, channel: LogprobChannel | None):
-    """Run the prompts of `reqs` (rows already reserved); write their state rows.
+            seed: int, eos_token_id: int | None, channel: LogprobChannel | None, track_interval: int | None = None):
+    """Run the prompts of `reqs` (rows already reserved); write their state rows. With a
+    `track_interval`, each request's tracking slot gets the recurrent state after the last multiple
+    of the interval within its prompt (nothing when the prompt is shorter than the interval).
 
     Returns (target forward output, the batch, first tokens [bs] on the device, finished [bs])."""
     dev = models.device
@@ -32,6 +35,9 @@ def prefill(models: Models, cache: ModelCache, state: RequestState, reqs: list[R
     rows, q_lens, budget, req_ids = (column.contiguous() for column in host.unbind(1))
     batch = extend_batch(rows, torch.zeros_like(rows), ids, q_lens, req_ids)
     out = models.target.forward(cache, batch)
+    if track_interval is not None:
+        commit_recurrent_states(states=cache.states, recurrent=out.rec_states, conv=out.conv_states,
+                                rows=cache.states.tracking_slot(rows), steps=q_lens // track_interval * track_interval - 1)
     ar = torch.arange(bs, device=dev)
     last = q_lens - 1
     logits, scale = out.logits[ar, last], out.scale[ar, last]

@@ -25,6 +25,9 @@ class SpecConfig:
     page_size: int = 1
     cuda_graph: bool = True
     naive_sampling: str = "exact"         # naive_eagle with sampling: one of NAIVE_SAMPLING
+    state_track_interval: int | None = None   # hybrid models: keep each request's recurrent state at
+                                              # every multiple of this many cached tokens in its tracking
+                                              # slot (prefix caching); None = no tracking
 
     def __post_init__(self):
         # Types first (an int is an int: not a bool, not a float), then ranges.
@@ -37,6 +40,9 @@ class SpecConfig:
             if name != "num_draft_tokens" or value is not None:
                 object.__setattr__(self, name, check_int(f"SpecConfig.{name}", value, lo))
         object.__setattr__(self, "cuda_graph", check_bool("SpecConfig.cuda_graph", self.cuda_graph))
+        if self.state_track_interval is not None:
+            object.__setattr__(self, "state_track_interval",
+                               check_int("SpecConfig.state_track_interval", self.state_track_interval, 1))
         if self.algorithm == "naive_eagle":
             fixed = {"num_steps": (self.num_steps, 1), "topk": (self.topk, 1), "num_draft_tokens": (self.draft_tokens, 2)}
             for name, (value, want) in fixed.items():

@@ -83,7 +83,8 @@ class SpecDecoder(DeviceDecoder):
                                     eos_token_id=self.eos, profile=self.profile,
                                     with_logits=self.channel is not None, checked=self.debug_checks)
         out, batch, first, finished = prefill(self.models, self.cache, self.state.requests, reqs, self.params,
-                                              seed=self.seed, eos_token_id=self.eos, channel=self.channel)
+                                              seed=self.seed, eos_token_id=self.eos, channel=self.channel,
+                                              track_interval=self.config.state_track_interval)
         # Draft-extend over x_1..x_P (the prompt without its first token, then the first token),
         # paired with the target features h_0..h_{P-1}.
         ar = torch.arange(len(reqs), device=self.dev)

@@ -5,7 +5,8 @@
   lanes write to, and is never handed out.
 - `KVBuffers` holds K and V per attention layer, indexed by token slot. The target and the draft
   head each have their own buffers over the same table, as engines share `req_to_token`.
-- `StateBuffers` holds the recurrent state of each request row per recurrent layer.
+- `StateBuffers` holds the recurrent state and conv window of each request row per recurrent
+  layer, and a tracking slot per row.
 
 The allocator lives on the host (as in engines); the table and buffers live on the device.
 Table edits made by `reserve` / `shrink` are queued on the host and reach the device in one copy
@@ -125,12 +126,27 @@ class KVBuffers:
 
 
 class StateBuffers:
+    """Each recurrent layer's state per request row: the recurrent state and the conv window.
+
+    Two slots per request row: slot `row` holds the state after the request's cached tokens, slot
+    `tracking_slot(row)` the tracked state (the state at the last multiple of the tracking
+    interval, kept for prefix caching). One tensor per kind, `[L, slots, *shape]` (what a
+    verify's commit scatters into); `state` / `conv` hold the per-layer views `[slots, *shape]`.
+    """
+
     def __init__(self, *, num_layers: int, max_requests: int, state_shape: tuple[int, ...],
-                 dtype: torch.dtype, device: str | torch.device = "cpu"):
-        # One tensor [layers, rows, *state] (what a verify's commit scatters into); `state` holds
-        # its per-layer views [rows, *state].
-        self.stacked = torch.zeros((num_layers, max_requests, *state_shape), dtype=dtype, device=device)
+                 conv_shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device = "cpu"):
+        self.max_requests = max_requests
+        slots = 2 * max_requests
+        self.stacked = torch.zeros((num_layers, slots, *state_shape), dtype=dtype, device=device)
+        self.conv_stacked = torch.zeros((num_layers, slots, *conv_shape), dtype=dtype, device=device)
         self.state = list(self.stacked.unbind(0))
+        self.conv = list(self.conv_stacked.unbind(0))
+
+    def tracking_slot(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows + self.max_requests
 
     def reset(self, rows: torch.Tensor) -> None:
-        self.stacked[:, rows] = 0
+        for buf in (self.stacked, self.conv_stacked):
+            buf[:, rows] = 0
+            buf[:, self.tracking_slot(rows)] = 0

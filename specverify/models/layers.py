@@ -145,25 +145,40 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
     return out.to(x.dtype).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
 
 
-def recurrent(x: torch.Tensor, w: dict, prefix: str, batch: Batch, state: torch.Tensor, *,
-              num_heads: int, key_dim: int, value_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Linear recurrence over a tree of new tokens.
+def recurrent(x: torch.Tensor, w: dict, prefix: str, batch: Batch, state: torch.Tensor, conv_state: torch.Tensor, *,
+              num_heads: int, key_dim: int, value_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Short causal convolution, then a gated linear recurrence, over a tree of new tokens.
 
-    x: [bs, q, H] normed input; state: [rows, nr, dk, dv] committed states.
-    Returns the mixer output [bs, q, H] and the state after every new token
-    [bs, q, nr, dk, dv] (the intermediate states a verify keeps for the commit).
+    x: [bs, q, H] normed input; state: [slots, nr, dk, dv] and conv_state: [slots, W-1, C] the
+    committed states, read at the batch's rows (a request with no cached token starts from zeros).
+    Each token's "previous token" is its parent in the batch (the last cached token for a root),
+    so both the conv window and the recurrence run along the token's own ancestry.
+    Returns the mixer output [bs, q, H], the recurrent state after every new token
+    [bs, q, nr, dk, dv] and the conv window after every new token [bs, q, W-1, C] (the
+    intermediate states a verify keeps for the commit).
     """
     bs, q, _ = x.shape
-    qv = (x @ w[f"{prefix}.wq"]).view(bs, q, num_heads, key_dim)
-    kv = (x @ w[f"{prefix}.wk"]).view(bs, q, num_heads, key_dim) / math.sqrt(key_dim)
-    vv = (x @ w[f"{prefix}.wv"]).view(bs, q, num_heads, value_dim)
+    dq, dkv = num_heads * key_dim, 2 * num_heads * key_dim
+    u = torch.cat([x @ w[f"{prefix}.wq"], x @ w[f"{prefix}.wk"], x @ w[f"{prefix}.wv"]], -1)   # [bs, q, C]
+    taps = w[f"{prefix}.conv"]                                             # [W, C], oldest first
     gate = torch.sigmoid(x @ w[f"{prefix}.wa"] + w[f"{prefix}.ba"])        # [bs, q, nr]
-    start = state[batch.rows].to(x.dtype)                                  # [bs, nr, dk, dv]
+    fresh = (batch.kv_lens == 0)[:, None, None]
+    start = torch.where(fresh[..., None], 0, state[batch.rows].to(x.dtype))          # [bs, nr, dk, dv]
+    window = torch.where(fresh, 0, conv_state[batch.rows].to(x.dtype))              # [bs, W-1, C]
     inter = x.new_zeros((bs, q, num_heads, key_dim, value_dim))            # state after each token
+    conv_inter = x.new_zeros((bs, q) + tuple(window.shape[1:]))            # window after each token
+    queries = x.new_empty((bs, q, num_heads, key_dim))
     ar = torch.arange(bs, device=x.device)
     for j in range(q):   # tokens in topological order: a parent precedes its children
         parent = batch.parents[:, j]
-        prev = torch.where((parent >= 0)[:, None, None, None], inter[ar, parent.clamp(min=0)], start)
-        inter[:, j] = gate[:, j, :, None, None] * prev + kv[:, j, :, :, None] * vv[:, j, :, None, :]
-    y = torch.einsum("bqrk,bqrkv->bqrv", qv, inter).reshape(bs, q, num_heads * value_dim)
-    return y @ w[f"{prefix}.wo"], inter
+        has_parent = (parent >= 0)[:, None, None]
+        full = torch.cat([torch.where(has_parent, conv_inter[ar, parent.clamp(min=0)], window), u[:, j, None]], 1)
+        conv_inter[:, j] = full[:, 1:]
+        c = F.silu((full * taps).sum(1))                                   # [bs, C]
+        queries[:, j] = c[:, :dq].view(bs, num_heads, key_dim)
+        kv = c[:, dq:dkv].view(bs, num_heads, key_dim) / math.sqrt(key_dim)
+        vv = c[:, dkv:].view(bs, num_heads, value_dim)
+        prev = torch.where(has_parent[..., None], inter[ar, parent.clamp(min=0)], start)
+        inter[:, j] = gate[:, j, :, None, None] * prev + kv[:, :, :, None] * vv[:, :, None, :]
+    y = torch.einsum("bqrk,bqrkv->bqrv", queries, inter).reshape(bs, q, num_heads * value_dim)
+    return y @ w[f"{prefix}.wo"], inter, conv_inter

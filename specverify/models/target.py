@@ -32,6 +32,8 @@ class ForwardOutput:
     scale: torch.Tensor            # [bs, q, 1] float32 dequantization scale (ones unless FP8)
     hidden: torch.Tensor           # [bs, q, H] final hidden state before the final norm
     rec_states: list[torch.Tensor]  # per recurrent layer: [bs, q, nr, dk, dv] state after each token
+    conv_states: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    # per recurrent layer: [bs, q, W-1, C] conv window after each token
 
 
 def deliver_logits(logits: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +68,7 @@ class TargetModel:
 
         states = StateBuffers(num_layers=len(self.rec_layers), max_requests=max_requests,
                               state_shape=(cfg.num_rec_heads, cfg.rec_key_dim, cfg.rec_value_dim),
+                              conv_shape=(cfg.rec_conv_width - 1, cfg.rec_channels),
                               dtype=self.dtype, device=self.device)
         return ModelCache(table, kv(len(self.attn_layers)), states, kv(1) if with_draft else None)
 
@@ -78,7 +81,7 @@ class TargetModel:
         cfg, w = self.config, self.w
         h = w["embed"][batch.input_ids]                                    # [bs, q, H]
         plan = layers.plan_attention(batch, cache.table.req_to_token, self.rotary, h.dtype)   # shared by the layers
-        rec_states = []
+        rec_states, conv_states = [], []
         for i, kind in enumerate(cfg.layer_kinds):
             p = f"layers.{i}"
             n = layers.rmsnorm(h, w[f"{p}.attn_norm"], cfg.norm_eps)
@@ -89,16 +92,18 @@ class TargetModel:
                                          head_dim=cfg.head_dim)
             else:
                 r = self.rec_layers.index(i)
-                mixed, inter = layers.recurrent(n, w, p, batch, cache.states.state[r],
-                                                num_heads=cfg.num_rec_heads, key_dim=cfg.rec_key_dim,
-                                                value_dim=cfg.rec_value_dim)
+                mixed, inter, conv_inter = layers.recurrent(n, w, p, batch, cache.states.state[r],
+                                                            cache.states.conv[r], num_heads=cfg.num_rec_heads,
+                                                            key_dim=cfg.rec_key_dim, value_dim=cfg.rec_value_dim)
                 rec_states.append(inter)
+                conv_states.append(conv_inter)
                 if commit_state:
                     last = (batch.q_lens - 1).clamp(min=0)
                     ar = torch.arange(inter.shape[0], device=inter.device)
                     cache.states.state[r][batch.rows] = inter[ar, last].to(cache.states.state[r].dtype)
+                    cache.states.conv[r][batch.rows] = conv_inter[ar, last].to(cache.states.conv[r].dtype)
             h = h + mixed
             h = h + layers.swiglu_mlp(h, w, p, cfg.norm_eps)
         logits = layers.rmsnorm(h, w["final_norm"], cfg.norm_eps) @ w["lm_head"]
         values, scale = deliver_logits(logits, cfg)
-        return ForwardOutput(values, scale, h, rec_states)
+        return ForwardOutput(values, scale, h, rec_states, conv_states)
