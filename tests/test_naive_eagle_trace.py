@@ -120,7 +120,7 @@ def build_case(c: dict):
     """(models, reference draft hook, prompts, budgets, spec, generate kwargs) of one case."""
     mode, scale = SCALES[c.get("scale", "1")]
     models = cached_models(compute_dtype="float64", logits_dtype=c["logits_dtype"], logits_scale=scale,
-                           logits_scale_mode=mode)
+                           logits_scale_mode=mode, hybrid=c.get("hybrid", False))
     key = zlib.crc32(f"{case_id(c)}/{CASE_KEY_SALT}".encode())
     prompts = ragged_prompts(key, c["bs"], models.config.vocab_size, max_len=8)
     budgets = ragged_budgets(key, c["bs"], low=10, high=16)
@@ -192,6 +192,20 @@ def test_both_decisions_are_compared_many_times(mode):
     stats, _ = compare(c, None)
     assert not stats["skipped"], stats["skipped"]
     assert stats["accepted"] >= 5 and stats["rejected"] >= 5, {k: stats[k] for k in ("accepted", "rejected")}
+
+
+@pytest.mark.parametrize("c", [
+    dict(mode="greedy", logits_dtype="float32", sampling="greedy", head="partial", page_size=1, bs=3, eos=False,
+         hybrid=True),
+    dict(mode="exact", logits_dtype="bfloat16", sampling="t0.1", head="soft", page_size=4, bs=3, eos=False,
+         hybrid=True),
+], ids=case_id)
+def test_hybrid_naive_trace_equals_reference(c, request, record_property):
+    """Naive EAGLE on the hybrid model: the verify's two nodes run the recurrence and conv window
+    from the committed state, and the commit keeps the state after the draft only when it is accepted."""
+    stats, _ = compare(c, request.node.nodeid)
+    report(stats, c, record_property)
+    assert stats["accepted"] > 0 and stats["rejected"] > 0, f"{case_id(c)}: {stats}"
 
 
 # -- greedy: the EAGLE chain ----------------------------------------------------------------------

@@ -81,7 +81,7 @@ def build_case(c: dict):
     """(models, reference draft hook, prompts, budgets, spec, generate kwargs) of one case."""
     mode, scale = SCALES[c["scale"]]
     models = cached_models(compute_dtype="float64", logits_dtype=c["logits_dtype"], logits_scale=scale,
-                           logits_scale_mode=mode)
+                           logits_scale_mode=mode, hybrid=c.get("hybrid", False))
     key = zlib.crc32(f"{case_id(c)}/{CASE_KEY_SALT}".encode())
     prompts = ragged_prompts(key, c["bs"], models.config.vocab_size, max_len=8)
     budgets = ragged_budgets(key, c["bs"], low=6, high=12)
@@ -165,6 +165,30 @@ def test_per_row_scales_in_a_ragged_batch(head):
     stats = compare(c, None)
     assert not stats["skipped"], stats["skipped"]
     assert stats["cycles_compared"] > 0, stats
+
+
+HYBRID = [
+    dict(topk=1, steps=3, draft="chain", page_size=1, bs=3, logits_dtype="float32", scale="1", sampling="greedy",
+         head="partial", eos=False, hybrid=True),
+    dict(topk=2, steps=3, draft="wide", page_size=4, bs=3, logits_dtype="bfloat16", scale="1", sampling="greedy",
+         head="partial", eos=True, hybrid=True),
+    dict(topk=2, steps=2, draft="wide", page_size=1, bs=2, logits_dtype="float8_e4m3fn", scale="0.37",
+         sampling="t0.3-topk20", head="right", eos=False, hybrid=True),
+    dict(topk=1, steps=2, draft="chain", page_size=4, bs=2, logits_dtype="float32", scale="1",
+         sampling="t1.0-topp0.9", head="partial", eos=False, hybrid=True),
+]
+
+
+@pytest.mark.parametrize("c", HYBRID, ids=case_id)
+def test_hybrid_trace_equals_reference(c, request, record_property):
+    """The hybrid model (two recurrent layers with conv windows, an attention layer between):
+    the verify runs each tree node's recurrence and conv window along its own ancestry, and each
+    cycle commits the last accepted node's states; a wrong node or a stale window shows in the
+    next cycle's logits, so in the trace. Steered drafts make paths deep, trees make branches."""
+    stats = compare(c, request.node.nodeid)
+    report(stats, c, record_property)
+    if c["head"] != "plain" and c["sampling"] == "greedy":
+        assert stats["accepted_drafts"] > 0, f"{case_id(c)}: no draft accepted: {stats}"
 
 
 def test_trace_is_opt_in_and_needs_spec():
