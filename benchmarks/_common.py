@@ -48,6 +48,14 @@ def require_cuda(script: str) -> None:
                  f"the script itself on the CPU with tiny sizes and no CUDA graphs.")
 
 
+def device_and_preset(args, script: str) -> tuple[str, str]:
+    """("cuda", "small") for a GPU run (exits when there is no GPU), ("cpu", "tiny") for --cpu-smoke."""
+    if args.cpu_smoke:
+        return "cpu", "tiny"
+    require_cuda(script)
+    return "cuda", "small"
+
+
 def device_name(cpu_smoke: bool) -> str:
     return "cpu-smoke" if cpu_smoke else torch.cuda.get_device_name()
 
@@ -167,3 +175,35 @@ def closing_lines(aims: list[str], cpu_smoke: bool, errors: list[str]) -> list[s
     if errors:
         out += ["", "Errors (the first line of each):", ""] + errors
     return out
+
+
+def add_decode_options(ap: argparse.ArgumentParser, *, tokens: tuple[int, int, int], batches: tuple[tuple, tuple, tuple],
+                       agreement: float, sync_steps: tuple[int, int]) -> None:
+    """The options of the decode benchmarks (new tokens, batch sizes, steering, warm-up, seed).
+    tokens / batches: the defaults (full, --quick, --cpu-smoke); sync_steps: (full, --cpu-smoke)."""
+    def listed(b):
+        return ",".join(map(str, b))
+    ap.add_argument("--max-new-tokens", type=int,
+                    help=f"new tokens per request (default {tokens[0]}; {tokens[1]} --quick; {tokens[2]} --cpu-smoke)")
+    ap.add_argument("--batches", help=f"comma-separated batch sizes (default {listed(batches[0])}; "
+                                      f"{listed(batches[1])} --quick; {listed(batches[2])} --cpu-smoke)")
+    ap.add_argument("--agreement", type=float, default=agreement, help=f"steered draft agreement (default {agreement:g})")
+    ap.add_argument("--warmup", type=int, help="untimed steps after the capture (default 2; 1 --cpu-smoke)")
+    ap.add_argument("--sync-steps", type=int, help=f"steps counted under the sync debug mode (default "
+                                                   f"{sync_steps[0]}; {sync_steps[1]} --cpu-smoke)")
+    ap.add_argument("--seed", type=int, default=0, help="model and prompt seed")
+    ap.set_defaults(_decode_defaults=(tokens, batches, sync_steps))
+
+
+def resolve_decode_options(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill in the defaults of `add_decode_options` for this run's mode and check the values."""
+    (tokens, batches, sync_steps) = args._decode_defaults
+    mode = 2 if args.cpu_smoke else 1 if args.quick else 0
+    args.max_new_tokens = args.max_new_tokens or tokens[mode]
+    args.batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else batches[mode]
+    args.warmup = (1 if args.cpu_smoke else 2) if args.warmup is None else args.warmup
+    args.sync_steps = sync_steps[1 if args.cpu_smoke else 0] if args.sync_steps is None else args.sync_steps
+    if min(args.max_new_tokens, *args.batches) < 1 or min(args.warmup, args.sync_steps) < 0:
+        ap.error("sizes must be >= 1 (--warmup / --sync-steps >= 0)")
+    if not 0.0 <= args.agreement <= 1.0:
+        ap.error(f"--agreement must be in [0, 1], got {args.agreement}")

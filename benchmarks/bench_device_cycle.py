@@ -52,8 +52,8 @@ import time
 import traceback
 import warnings
 
-from _common import (CAPTURES_NOTE, base_parser, closing_lines, header, out_dir, peak_bandwidth,  # puts the repo root on sys.path
-                     require_cuda, table, write_results)
+from _common import (CAPTURES_NOTE, device_and_preset, base_parser, closing_lines, header, out_dir, peak_bandwidth,  # puts the repo root on sys.path
+                     table, write_results)
 
 import torch  # noqa: E402
 
@@ -486,10 +486,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not args.cpu_smoke:
-        require_cuda("bench_device_cycle")
-    device = "cpu" if args.cpu_smoke else "cuda"
-    preset = "tiny" if args.cpu_smoke else "small"
+    device, preset = device_and_preset(args, "bench_device_cycle")
     t_all = time.perf_counter()
     t0 = time.perf_counter()
     models = specverify.build_models(preset, seed=args.seed, compute_dtype="bfloat16", logits_dtype="bfloat16",

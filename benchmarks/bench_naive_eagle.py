@@ -51,8 +51,8 @@ from __future__ import annotations
 import sys
 import time
 
-from _common import (CAPTURES_NOTE, base_parser, closing_lines, header, out_dir, require_cuda, table,  # puts the repo root on sys.path
-                     write_results)
+from _common import (CAPTURES_NOTE, device_and_preset, add_decode_options, base_parser, closing_lines, header, out_dir,  # puts the repo root on sys.path
+                     resolve_decode_options, table, write_results)
 
 import specverify  # noqa: E402
 from bench_device_cycle import (PROMPT_LENS, _f, _yes, captured, drive, guarded, make_prompts,  # noqa: E402
@@ -211,39 +211,21 @@ def parse_args(argv=None):
     ap = base_parser(__doc__, quick_help="32 new tokens, bs 1 and 64",
                      smoke_help="check the script on the CPU: tiny preset, bs 1 and 2, few tokens, no CUDA graphs")
     ap.add_argument("--smoke", dest="cpu_smoke", action="store_true", help="the same as --cpu-smoke")
-    ap.add_argument("--max-new-tokens", type=int, help="new tokens per request (default 64; 32 --quick; 12 --cpu-smoke)")
-    ap.add_argument("--batches", help="comma-separated batch sizes (default 1,8,64; 1,64 --quick; 1,2 --cpu-smoke)")
+    add_decode_options(ap, tokens=(64, 32, 12), batches=(BATCHES, QUICK_BATCHES, SMOKE_BATCHES), agreement=AGREEMENT,
+                       sync_steps=(3, 2))
     ap.add_argument("--drafts", default="steered,plain",
                     help="comma-separated drafts to run: steered, plain (default both)")
-    ap.add_argument("--agreement", type=float, default=AGREEMENT, help="steered draft agreement (default 0.7)")
-    ap.add_argument("--warmup", type=int, help="untimed steps after the capture (default 2; 1 --cpu-smoke)")
-    ap.add_argument("--sync-steps", type=int, help="steps counted under the sync debug mode (default 3; 2 --cpu-smoke)")
-    ap.add_argument("--seed", type=int, default=0, help="model and prompt seed")
     args = ap.parse_args(argv)
-    smoke = args.cpu_smoke
-    args.max_new_tokens = args.max_new_tokens or (12 if smoke else 32 if args.quick else 64)
-    if args.batches:
-        args.batches = tuple(int(b) for b in args.batches.split(","))
-    else:
-        args.batches = SMOKE_BATCHES if smoke else QUICK_BATCHES if args.quick else BATCHES
+    resolve_decode_options(ap, args)
     args.drafts = tuple(d.strip() for d in args.drafts.split(",") if d.strip())
     if not args.drafts or set(args.drafts) - {"steered", "plain"}:
         ap.error(f"--drafts takes steered and / or plain, got {','.join(args.drafts) or 'nothing'}")
-    args.warmup = (1 if smoke else 2) if args.warmup is None else args.warmup
-    args.sync_steps = (2 if smoke else 3) if args.sync_steps is None else args.sync_steps
-    if min(args.max_new_tokens, *args.batches) < 1 or min(args.warmup, args.sync_steps) < 0:
-        ap.error("sizes must be >= 1 (--warmup / --sync-steps >= 0)")
-    if not 0.0 <= args.agreement <= 1.0:
-        ap.error(f"--agreement must be in [0, 1], got {args.agreement}")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not args.cpu_smoke:
-        require_cuda("bench_naive_eagle")
-    device = "cpu" if args.cpu_smoke else "cuda"
-    preset = "tiny" if args.cpu_smoke else "small"
+    device, preset = device_and_preset(args, "bench_naive_eagle")
     t_all = time.perf_counter()
     t0 = time.perf_counter()
     models = specverify.build_models(preset, seed=args.seed, compute_dtype="bfloat16", logits_dtype="bfloat16",

@@ -12,7 +12,9 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
   the speculative ops (section 6), and `first_token_distribution` / `emitted_path_probability`,
   the exact law of stochastic verify's output;
 - `eagle` (`generate_speculative`, `SpecReferenceOutput`, `RequestTrace`, `CycleTrace`, `NearTie`):
-  a cache-free EAGLE speculative decoder that returns its per-cycle trace and flags near-ties;
+  a cache-free speculative decoder that returns its per-cycle trace and flags near-ties, with the
+  EAGLE tree draft (section 6.5) and, by `algorithm="mtp"` / `"dflash"`, the MTP chain (one head per
+  step, 6.10) and the DFlash bidirectional block (6.11); `eagle.draft_row` is the draft head;
 - `naive_eagle` (`naive_eagle.generate`): the same for naive EAGLE (section 6.7), greedy and both
   sampling modes;
 - `paged_attention`: attention of new queries over a paged KV cache, by plain loops;

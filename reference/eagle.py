@@ -1,4 +1,5 @@
-"""A cache-free reference EAGLE speculative decoder (docs/semantics.md 6.5), with its trace.
+"""A cache-free reference speculative decoder, EAGLE (docs/semantics.md 6.5), MTP (6.10) and DFlash
+(6.11), with its trace.
 
 Everything is recomputed from token lists in float64 at every cycle; nothing is cached between
 forwards. One request at a time:
@@ -11,6 +12,16 @@ forwards. One request at a time:
   request whose tokens are x_0..x_n is the rows (x_t, h_{t-1}) at position t, t = 1..n; a tree
   beam of step i >= 1 is one more row (its token, the draft hidden of its parent's row, position
   n + i) after the rows of its ancestor beams, and it sees all of them and itself;
+- **MTP** (6.10, `algorithm="mtp"`): one head per draft step, head j with its own masters
+  `models.mtp_weights[j]` (the EAGLE head's network). Each head's context is the same
+  draft-extend rows (x_t, h_{t-1}, t), t = 1..n; step 0 is head 0's root row, step i >= 1 head
+  i's row (d_i, the hidden of the row that produced d_i, n + i) over head i's context rows and
+  itself. A chain (topk 1);
+- **DFlash** (6.11, `algorithm="dflash"`): the head `models.dflash_weights`, whose token table is
+  the target's `embed` plus `mask_embed` as id vocab_size. The context rows give g, the hidden of
+  the root's row; the B - 1 block rows (mask, g, n + i) each see all context rows and all block
+  rows (`draft_row(..., query=...)`: any row of the list can be the query). A chain; the greedy
+  verify also runs `reference/dflash.py`'s block op, which must agree with the chain walk;
 - **selection / tree / verify**: 6.1 (top-k of the upcast logits, float64 softmax of the
   dequantized row as p, float32 for the scores), 6.2 (beams chosen step by step), 6.3 / 6.4 with
   the explicit uniforms of 6.5; EOS / max_new_tokens cut as section 5;
@@ -65,6 +76,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from reference.dflash import dflash_correct_drafts_and_bonus
 from reference.logits import FP8_FORMATS, convert_logits, row_scale
 from reference.model import forward, rmsnorm, rope, silu
 from reference.sampling import (
@@ -212,31 +224,38 @@ def _ordered(row: _Row, k: int) -> tuple[list[int], bool, float]:
 # the draft head, cache-free
 
 
-def draft_row(config, target_w: dict, draft_w: dict, tokens: list, features: torch.Tensor, positions: list):
-    """The draft head over a list of rows; returns the last row's (logits [V], hidden [H]), float64.
+def draft_row(config, target_w: dict, draft_w: dict, tokens: list, features: torch.Tensor, positions: list,
+              query: int = -1):
+    """The draft head over a list of rows; returns row `query`'s (logits [V], hidden [H]), float64
+    (default: the last row).
 
-    Row t is (tokens[t], features[t] [H], positions[t]); the last row attends to every row of the
-    list, itself included (callers list exactly what the row sees). hidden is the residual
-    stream before the final norm.
+    Row t is (tokens[t], features[t] [H], positions[t]); the query row attends to every row of the
+    list, itself included (callers list exactly what the row sees: for EAGLE and MTP the query is
+    the last row and the list is causal; a DFlash block row sees rows after it too). The head has
+    one layer, so a row's K/V depend on that row's input only. hidden is the residual stream before
+    the final norm. A head whose masters hold `mask_embed` (DFlash) has one more token: id
+    vocab_size embeds as mask_embed.
     """
     def w(name):
         return draft_w[name].to(device="cpu", dtype=F64)
 
     eps, nh, nkv, hd = config.norm_eps, config.num_heads, config.num_kv_heads, config.head_dim
     embed = target_w["embed"].to(dtype=F64)
+    if "mask_embed" in draft_w:
+        embed = torch.cat([embed, w("mask_embed")[None, :]], dim=0)                 # [V + 1, H]
     x = torch.cat([embed[list(tokens)], features.to(F64)], dim=1) @ w("fc")        # [T, H]
     n = rmsnorm(x, w("layer.attn_norm"), eps)
-    q = n[-1:] @ w("layer.wq")                                                      # [1, nh*hd]
+    q = n[[query]] @ w("layer.wq")                                                  # [1, nh*hd]
     k = n @ w("layer.wk")                                                           # [T, nkv*hd]
     v = n @ w("layer.wv")
     heads = []
     for g in range(nh):
         kvh = g // (nh // nkv)
-        q_g = rope(q[:, g * hd:(g + 1) * hd], positions[-1:], config.rope_theta)[0]  # [hd]
+        q_g = rope(q[:, g * hd:(g + 1) * hd], [positions[query]], config.rope_theta)[0]  # [hd]
         k_g = rope(k[:, kvh * hd:(kvh + 1) * hd], positions, config.rope_theta)       # [T, hd]
         probs = torch.softmax(k_g @ q_g / math.sqrt(hd), dim=0)                       # [T]
         heads.append(probs @ v[:, kvh * hd:(kvh + 1) * hd])
-    h = x[-1] + torch.cat(heads) @ w("layer.wo")                                   # [H]
+    h = x[query] + torch.cat(heads) @ w("layer.wo")                                # [H]
     m = rmsnorm(h[None], w("layer.mlp_norm"), eps)
     h = h + ((silu(m @ w("layer.w_gate")) * (m @ w("layer.w_up"))) @ w("layer.w_down"))[0]
     logits = rmsnorm(h[None], w("final_norm"), eps)[0] @ target_w["lm_head"].to(dtype=F64)
@@ -261,6 +280,7 @@ class _Params:
     repetition: float = 1.0
     frequency: float = 0.0
     presence: float = 0.0
+    algorithm: str = "eagle"     # eagle | mtp | dflash (docs/semantics.md 6.5, 6.10, 6.11)
 
     @property
     def penalized(self) -> bool:
@@ -342,16 +362,19 @@ def _select(audit: _Audit, cfg, prm: _Params, z: torch.Tensor, where: str):
     return order, [np.float32(probs[i]) for i in order], REL_DRAFT_P + math.expm1(2 * row.width)
 
 
-def _draft_runner(models, prm: _Params, r: int):
-    """The draft head of request r over a list of (token, feature, position) rows, the hook applied
-    to its logits: rows -> (the last row's logits [V], its hidden [H]), float64."""
-    cfg, tw, dw = models.config, models.target_weights, models.draft_weights
+def _draft_runner(models, prm: _Params, r: int, weights: dict | None = None):
+    """A draft head of request r over a list of (token, feature, position) rows, the hook applied
+    to its logits: (rows, query=-1) -> (row `query`'s logits [V], its hidden [H]), float64.
+    weights: the head's float64 masters (default `models.draft_weights`, the EAGLE head). The hook
+    sees the query row's token and position (a DFlash block row: the mask id vocab_size)."""
+    cfg, tw = models.config, models.target_weights
+    dw = models.draft_weights if weights is None else weights
 
-    def run(rows):
+    def run(rows, query: int = -1):
         tokens, positions = [t for t, _, _ in rows], [p for _, _, p in rows]
-        logits, h = draft_row(cfg, tw, dw, tokens, torch.stack([f for _, f, _ in rows]), positions)
+        logits, h = draft_row(cfg, tw, dw, tokens, torch.stack([f for _, f, _ in rows]), positions, query)
         if prm.hook is not None:
-            logits = torch.as_tensor(prm.hook(r, torch.tensor(positions[-1:]), torch.tensor(tokens[-1:]),
+            logits = torch.as_tensor(prm.hook(r, torch.tensor([positions[query]]), torch.tensor([tokens[query]]),
                                               logits[None].clone()), dtype=F64).reshape(-1)
         return logits, h
     return run
@@ -396,6 +419,53 @@ def _draft_tree(audit: _Audit, models, prm: _Params, r: int, seq: list, hidden: 
     node_of = {c.flat: j + 1 for j, c in enumerate(kept)}
     parents = [-1] + [0 if c.parent_flat == -1 else node_of.get(c.parent_flat, -1) for c in kept]
     return [seq[-1]] + [c.token for c in kept], parents
+
+
+def _chain(root: int, drafts: list) -> tuple[list, list]:
+    """A topk-1 tree: tokens [root, d_1..d_S], parents [-1, 0, 1, ..., S-1] (6.2)."""
+    return [root] + list(drafts), list(range(-1, len(drafts)))
+
+
+def _draft_mtp(audit: _Audit, models, prm: _Params, r: int, seq: list, hidden: torch.Tensor):
+    """The MTP chain (6.10) for `seq` (root = seq[-1] at position n): head j runs with its own masters
+    `models.mtp_weights[j]` over the draft-extend rows (x_t, h_{t-1}, t), t = 1..n. Step 0 is head
+    0's root row; step i >= 1 is head i's row (d_i, hidden of the row that produced d_i, n + i),
+    which sees head i's context rows and itself. Returns the chain's tokens and parents."""
+    cfg = models.config
+    n = len(seq) - 1
+    prefix_rows = _prefix_rows(seq, hidden)
+    logits, g = _draft_runner(models, prm, r, models.mtp_weights[0])(prefix_rows)
+    (d,), _, _ = _select(audit, cfg, prm, logits, "mtp head 0 root row")
+    drafts = [d]
+    for i in range(1, prm.S):
+        logits, g = _draft_runner(models, prm, r, models.mtp_weights[i])(prefix_rows + [(d, g, n + i)])
+        (d,), _, _ = _select(audit, cfg, prm, logits, f"mtp head {i} step {i}")
+        drafts.append(d)
+    return _chain(seq[-1], drafts)
+
+
+def _draft_dflash(audit: _Audit, models, prm: _Params, r: int, seq: list, hidden: torch.Tensor):
+    """The DFlash block (6.11) for `seq` (root = seq[-1] at position n), with `models.dflash_weights`:
+    the draft-extend rows (x_t, h_{t-1}, t), t = 1..n, give g = the hidden of the root's row (their
+    logits are not used: no hook, no selection); the B - 1 block rows (mask, g, n + i), i = 1..B-1,
+    each see every context row and every block row (bidirectional); d_i = row i's 6.1 top-1.
+    Returns the chain's tokens and parents."""
+    cfg, tw = models.config, models.target_weights
+    n, mask = len(seq) - 1, cfg.vocab_size
+    prefix_rows = _prefix_rows(seq, hidden)
+    _, g = draft_row(cfg, tw, models.dflash_weights, [t for t, _, _ in prefix_rows],
+                     torch.stack([f for _, f, _ in prefix_rows]), [p for _, _, p in prefix_rows])
+    rows = prefix_rows + [(mask, g, n + i) for i in range(1, prm.D)]
+    run = _draft_runner(models, prm, r, models.dflash_weights)
+    drafts = []
+    for i in range(1, prm.D):
+        logits, _ = run(rows, query=n - 1 + i)      # block row i: index n - 1 + i of the list
+        (d,), _, _ = _select(audit, cfg, prm, logits, f"dflash block row {i}")
+        drafts.append(d)
+    return _chain(seq[-1], drafts)
+
+
+DRAFTS = {"eagle": _draft_tree, "mtp": _draft_mtp, "dflash": _draft_dflash}
 
 
 def _sampling_row(audit: _Audit, cfg, prm: _Params, z, where: str, context=None):
@@ -457,14 +527,17 @@ def _audit_draw(audit: _Audit, decision: str, where: str, p: list, target: float
 
 
 def _verify(audit: _Audit, models, prm: _Params, seq: list, root_z, tokens: list, parents: list, u,
-            prompt: list, output: list):
+            prompt: list, output: list, rows: dict | None = None):
     """6.3 / 6.4 from the root; node rows computed as the walk reaches them. prompt, output: the
     request's prompt and the tokens it emitted before this cycle (the root included), the context
     of the penalties (section 7), to which a node adds the drafts on its path.
-    Returns (accepted nodes [S+1], the bonus token, hidden states along the path)."""
+    rows: filled with the target logits of the nodes the walk computes (node -> [V]).
+    Returns (accepted nodes [S+1], the bonus token)."""
     cfg, tw = models.config, models.target_weights
     children = [[j for j in range(1, len(tokens)) if parents[j] == i] for i in range(len(tokens))]
-    path, rows = [0], {0: root_z}
+    rows = {} if rows is None else rows
+    path = [0]
+    rows[0] = root_z
     greedy = prm.temperature == 0
     coin = None if greedy else float(u[0])
     while True:
@@ -515,6 +588,26 @@ def _verify(audit: _Audit, models, prm: _Params, seq: list, root_z, tokens: list
     return path + [-1] * (prm.S + 1 - len(path)), bonus
 
 
+def _dflash_greedy(models, prm: _Params, seq: list, tokens: list, rows: dict, prompt: list, output: list):
+    """DFlash's greedy verify as 6.11 writes it: the target's greedy token after each of the chain's
+    B nodes (node j's row follows seq + d_1..d_j, penalized by that context when penalties are on),
+    then `dflash_correct_drafts_and_bonus` (reference/dflash.py). rows: the rows the walk already
+    computed (the others are computed here; a row past the first mismatch cannot change the result).
+    Returns (correct, bonus)."""
+    cfg, tw = models.config, models.target_weights
+    predict = []
+    for j in range(len(tokens)):
+        if j not in rows:
+            rows[j] = forward(cfg, tw, seq + tokens[1:j + 1])[0][-1]
+        row = _row(cfg, rows[j])
+        if prm.penalized:
+            predict.append(_penalized_greedy(row, prm, (prompt, output + tokens[1:j + 1]))[0])
+        else:
+            predict.append(_ordered(row, 1)[0][0])
+    (correct,), (bonus,) = dflash_correct_drafts_and_bonus(candidates=[tokens], target_predict=[predict])
+    return correct, bonus
+
+
 def _first_token(audit: _Audit, models, prm: _Params, r: int, prompt: list, seed: int) -> int:
     """The prefill token of request r (6.5 step 1): greedy, or sampled with u(seed, r, P - 1, 0);
     penalized by the prompt when penalties are on."""
@@ -559,10 +652,18 @@ def _decode(models, prm: _Params, r: int, prompt: list, budget: int, seed: int) 
     while not done:
         audit.cycle, audit.margins = len(trace.cycles), {}
         logits, hidden = forward(cfg, tw, seq)       # root row = last; h_0..h_{n-1} feed the draft
-        tokens, parents = _draft_tree(audit, models, prm, r, seq, hidden)
+        tokens, parents = DRAFTS[prm.algorithm](audit, models, prm, r, seq, hidden)
         n = len(seq) - 1                              # 6.5: the root position (K/V cached for 0..n-1)
         u = None if prm.temperature == 0 else [counter_uniform(seed, r, n, j) for j in range(prm.D + 1)]
-        accepted, bonus = _verify(audit, models, prm, seq, logits[-1], tokens, parents, u, prompt, list(trace.tokens))
+        rows = {}
+        accepted, bonus = _verify(audit, models, prm, seq, logits[-1], tokens, parents, u, prompt, list(trace.tokens),
+                                  rows)
+        if prm.algorithm == "dflash" and prm.temperature == 0:
+            # 6.11's greedy verify is the block op; on a chain it is 6.3's walk (6.9), which audited it.
+            correct, block_bonus = _dflash_greedy(models, prm, seq, tokens, rows, prompt, list(trace.tokens))
+            if (correct, block_bonus) != (sum(1 for j in accepted if j >= 0) - 1, bonus):
+                raise RuntimeError(f"dflash verify: the block op gives correct {correct}, bonus {block_bonus}; "
+                                   f"the chain walk accepted {accepted}, bonus {bonus}")
         produced = [tokens[j] for j in accepted[1:] if j >= 0] + [bonus]
         emitted, done = _emit(trace, produced, budget, prm.eos)
         trace.cycles.append(CycleTrace(tokens, parents, accepted, emitted, dict(audit.margins)))
@@ -587,23 +688,51 @@ def _check_requests(prompts, max_new_tokens, temperature) -> list:
     return budgets
 
 
-def generate(models, prompts, *, spec_num_steps: int, topk: int, num_draft_tokens: int | None = None,
+def _check_block_draft(models, algorithm: str, S: int, k: int) -> None:
+    """MTP and DFlash draft chains (topk 1); MTP has one head per step, DFlash a mask embedding."""
+    if algorithm == "eagle":
+        return
+    if k != 1:
+        raise ValueError(f"topk: {algorithm} drafts a chain, topk must be 1, got {k}")
+    if algorithm == "mtp":
+        heads = models.config.mtp_heads
+        if S > heads:
+            raise ValueError(f"spec_num_steps: mtp runs one head per step; spec_num_steps={S} exceeds "
+                             f"config.mtp_heads={heads}")
+        if len(getattr(models, "mtp_weights", [])) < S:
+            raise ValueError(f"models.mtp_weights: {S} heads needed, got {len(getattr(models, 'mtp_weights', []))}")
+    elif "mask_embed" not in getattr(models, "dflash_weights", {}):
+        raise ValueError("models.dflash_weights: the DFlash head's masters (with mask_embed) are missing")
+
+
+def generate(models, prompts, *, spec_num_steps: int, topk: int = 1, num_draft_tokens: int | None = None,
              max_new_tokens, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              seed: int = 0, eos_token_id: int | None = None, draft_logits_hook=None, repetition_penalty: float = 1.0,
-             frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> SpecReferenceOutput:
-    """EAGLE speculative decoding of every prompt, cache-free, with the per-cycle trace.
+             frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+             algorithm: str = "eagle") -> SpecReferenceOutput:
+    """Speculative decoding of every prompt, cache-free, with the per-cycle trace.
 
-    models: needs `config`, `target_weights` and `draft_weights` (float64 masters).
-    spec_num_steps S, topk k, num_draft_tokens D (default S + 1, root included).
+    algorithm: "eagle" (6.5: the EAGLE head's tree), "mtp" (6.10: one head per draft step, a chain)
+    or "dflash" (6.11: one bidirectional block of mask rows, a chain). Verify, emit and trace are
+    the same for all three (a topk-1 tree is a chain).
+    models: needs `config`, `target_weights` and the draft's float64 masters: `draft_weights`
+    (eagle), `mtp_weights` (a list, head j = draft step j; mtp), `dflash_weights` (with
+    `mask_embed`; dflash).
+    spec_num_steps S, topk k, num_draft_tokens D (default S + 1, root included). mtp and dflash
+    are chains: topk 1 and D = S + 1; mtp needs S <= config.mtp_heads.
     max_new_tokens: int or one per prompt. temperature 0 = greedy, else sampling with the
     uniforms of docs/semantics.md 4 (prefill token) and 6.5 (cycles).
     draft_logits_hook(req_index, positions [1] int64, tokens [1] int64, logits [1, V] float64)
     -> logits: applied to every draft-head row's float64 logits before their conversion (how a
-    test steers the draft, as the optimized side's draft wrapper does).
+    test steers the draft, as the optimized side's draft wrapper does), on the rows whose logits
+    are used: EAGLE's draft-extend root row and beam rows, every MTP head's row, every DFlash
+    block row (token = the mask id vocab_size, position = the row's); not on DFlash's context rows.
     repetition_penalty, frequency_penalty, presence_penalty: section 7, on every target row (the
     prefill's, each tree node's with the drafts on its path); the draft head is not penalized.
     """
     S, k = spec_num_steps, topk
+    if not isinstance(algorithm, str) or algorithm not in DRAFTS:
+        raise ValueError(f"algorithm: must be one of {sorted(DRAFTS)}, got {algorithm!r}")
     D = S + 1 if num_draft_tokens is None else num_draft_tokens
     for name, value in (("spec_num_steps", S), ("topk", k), ("num_draft_tokens", D)):
         if not _is_int(value) or value < 1:
@@ -612,8 +741,10 @@ def generate(models, prompts, *, spec_num_steps: int, topk: int, num_draft_token
     if not 2 <= D <= most or (k == 1 and D != S + 1):
         raise ValueError(f"num_draft_tokens: {D} is not valid for topk={k}, num_steps={S} "
                          f"(2..{most}; S + 1 when topk == 1)")
+    _check_block_draft(models, algorithm, S, k)
     budgets = _check_requests(prompts, max_new_tokens, temperature)
     penalties = check_penalties(repetition_penalty, frequency_penalty, presence_penalty)
-    prm = _Params(k, S, D, float(temperature), top_k, top_p, min_p, eos_token_id, draft_logits_hook, *penalties)
+    prm = _Params(k, S, D, float(temperature), top_k, top_p, min_p, eos_token_id, draft_logits_hook, *penalties,
+                  algorithm=algorithm)
     traces = [_decode(models, prm, r, [int(t) for t in p], b, seed) for r, (p, b) in enumerate(zip(prompts, budgets))]
     return SpecReferenceOutput([t.tokens for t in traces], traces)

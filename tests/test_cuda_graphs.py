@@ -57,7 +57,8 @@ SEED = 19
 SAMPLING = {"greedy": SamplingParams(), "t0.7-topk20": SamplingParams(temperature=0.7, top_k=20)}
 GPU_SPECS = {"topk1": SpecConfig(num_steps=3, topk=1), "topk4": SpecConfig(num_steps=3, topk=4, num_draft_tokens=8),
              "naive": SpecConfig(algorithm="naive_eagle"),
-             "naive-shortcut": SpecConfig(algorithm="naive_eagle", naive_sampling="inexact_shortcut")}
+             "naive-shortcut": SpecConfig(algorithm="naive_eagle", naive_sampling="inexact_shortcut"),
+             "mtp": SpecConfig(algorithm="mtp"), "dflash": SpecConfig(algorithm="dflash")}
 # float32 forwards differ from the reference's float64 by ~5e-7 of a row's largest logit (measured
 # on the tiny preset); the float64 threshold (1e-10) would call none of that a near-tie.
 FLOAT32_REL_LOGIT = 1e-5

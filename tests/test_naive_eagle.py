@@ -54,7 +54,7 @@ def test_config_is_fixed_at_one_step_one_draft_token():
         SpecConfig(naive_sampling="inexact_shortcut")
     with pytest.raises(ValueError, match="SpecConfig.naive_sampling must be one of"):
         SpecConfig(algorithm="naive_eagle", naive_sampling="fast")
-    with pytest.raises(ValueError, match="SpecConfig.algorithm must be one of \\('eagle', 'naive_eagle'\\)"):
+    with pytest.raises(ValueError, match="SpecConfig.algorithm must be one of \\('eagle', 'naive_eagle', 'mtp', 'dflash'\\)"):
         SpecConfig(algorithm="medusa")
 
 

@@ -154,7 +154,7 @@ def test_spec_config_validation():
         SpecConfig(num_steps=3, topk=1, num_draft_tokens=3)
     with pytest.raises(ValueError, match=r"num_draft_tokens must be in \[2, 7\]"):
         SpecConfig(num_steps=2, topk=2, num_draft_tokens=8)
-    with pytest.raises(ValueError, match=r"algorithm must be one of \('eagle', 'naive_eagle'\)"):
+    with pytest.raises(ValueError, match=r"algorithm must be one of \('eagle', 'naive_eagle', 'mtp', 'dflash'\)"):
         SpecConfig(algorithm="medusa")
     with pytest.raises(ValueError, match="num_steps must be >= 1"):
         SpecConfig(num_steps=0)

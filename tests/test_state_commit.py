@@ -7,7 +7,7 @@ float64. With a tracking interval I, the request's tracking slot holds the state
 floor(cached / I) * I tokens (a cycle that crosses two multiples keeps the later one).
 
 EAGLE with topk 1 (a chain: step = accepted count - 1) and topk > 1 (a tree: the last accepted
-node's tree position), and naive EAGLE; greedy and sampled; drafts steered so that cycles accept
+node's tree position), MTP and DFlash (chains), and naive EAGLE; greedy and sampled; drafts steered so that cycles accept
 0, some and all of their drafts; padded (bucket) lanes included, which must commit nothing.
 """
 
@@ -25,6 +25,8 @@ from tests.test_device_cycle import start_decoder
 
 SPECS = {"eagle-topk1": SpecConfig(num_steps=3, topk=1),
          "eagle-topk2": SpecConfig(num_steps=3, topk=2, num_draft_tokens=6, page_size=4),
+         "mtp": SpecConfig(algorithm="mtp", num_steps=3),
+         "dflash": SpecConfig(algorithm="dflash", num_steps=3, page_size=4),
          "naive": SpecConfig(algorithm="naive_eagle")}
 SAMPLING = {"greedy": SamplingParams(), "t0.1": SamplingParams(temperature=0.1, top_k=30)}
 
@@ -65,6 +67,7 @@ def assert_states(models, dec, slot, tokens, what: str) -> None:
 
 TRACKED = {"eagle-topk2-i2": (SpecConfig(num_steps=3, topk=2, num_draft_tokens=6, state_track_interval=2), 0.8),
            "eagle-topk1-i5": (SpecConfig(num_steps=3, topk=1, state_track_interval=5), 0.7),
+           "dflash-i2": (SpecConfig(algorithm="dflash", num_steps=3, state_track_interval=2), 0.8),
            "naive-i3": (SpecConfig(algorithm="naive_eagle", state_track_interval=3), 0.7)}
 
 

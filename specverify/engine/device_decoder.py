@@ -14,7 +14,7 @@ around it is the same for target-only and speculative decoding, and lives here:
 - `finish`: a finished or aborted request gives its row and pages back.
 
 Subclasses set `ahead` (cache entries a step may write past `r.cached`), `advance` (the most
-tokens a step adds to `r.cached`), `with_draft`, and
+tokens a step adds to `r.cached`), `with_draft` (and `draft_layers`), and
 implement `request_length`, `new_state`, `step_fn` and `prefill`.
 """
 
@@ -37,6 +37,7 @@ class DeviceDecoder:
     ahead: int              # cache entries a step may write past r.cached
     advance: int            # the most tokens one step adds to r.cached
     with_draft: bool        # the cache holds the draft head's K/V too
+    draft_layers: int = 1   # the draft's K/V layers (an MTP draft: one per head it runs)
 
     def __init__(self, models: Models, params: SamplingParams, *, seed: int, eos_token_id: int | None,
                  channel: LogprobChannel | None, page_size: int, platform, cuda_graph: bool,
@@ -71,6 +72,7 @@ class DeviceDecoder:
         self.limit = {r.index: self.request_length(r) for r in reqs}
         self.cache = self.models.target.new_cache(
             max_requests=len(reqs) + 1, page_size=self.page_size, with_draft=self.with_draft,
+            draft_layers=self.draft_layers,
             num_pages=pages_needed(list(self.limit.values()), self.page_size))
         self.pad_row = self.cache.table.alloc_row()        # owns no page: padded lanes write the sink
         for r in reqs:

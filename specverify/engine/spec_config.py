@@ -6,20 +6,22 @@ import dataclasses
 
 from specverify.validation import check_bool, check_choice, check_int
 
-ALGORITHMS = ("eagle", "naive_eagle")
+ALGORITHMS = ("eagle", "naive_eagle", "mtp", "dflash")
+CHAINS = ("mtp", "dflash")      # draft a chain only: topk 1, num_draft_tokens = num_steps + 1
 # How a sampled naive-EAGLE cycle accepts. "exact": the draft token is sampled from the draft's
 # distribution q, accepted with probability min(1, p/q), else the token is drawn from the residual
 # max(p - q, 0): distributed exactly like target-only sampling. "inexact_shortcut": the original
 # naive-EAGLE path (argmax draft, min(1, p/q) with q its draft probability, every row sampled from
 # the target, no residual), kept to show that the suite detects its bias.
 NAIVE_SAMPLING = ("exact", "inexact_shortcut")
-DEFAULT_NUM_STEPS = {"eagle": 3, "naive_eagle": 1}
+DEFAULT_NUM_STEPS = {"eagle": 3, "naive_eagle": 1, "mtp": 3, "dflash": 3}
 
 
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
     algorithm: str = "eagle"
-    num_steps: int | None = None          # S; default 3 for eagle, 1 (the only value) for naive_eagle
+    num_steps: int | None = None          # S; default 3 for eagle, mtp and dflash, 1 (the only value) for
+                                          # naive_eagle; mtp: at most the models' mtp_heads
     topk: int = 1
     num_draft_tokens: int | None = None   # D, root included; default S + 1 (the chain)
     page_size: int = 1
@@ -49,7 +51,12 @@ class SpecConfig:
                 if value != want:
                     raise ValueError(f"SpecConfig.{name}: naive_eagle is fixed at num_steps=1, topk=1, "
                                      f"num_draft_tokens=2; got {name}={value}")
-        elif self.naive_sampling != "exact":
+        elif self.algorithm in CHAINS:
+            for name, value, want in (("topk", self.topk, 1), ("num_draft_tokens", self.draft_tokens, self.num_steps + 1)):
+                if value != want:
+                    raise ValueError(f"SpecConfig.{name}: {self.algorithm} drafts a chain, so {name} must be {want} "
+                                     f"(topk=1, num_draft_tokens=num_steps + 1); got {name}={value}")
+        if self.algorithm != "naive_eagle" and self.naive_sampling != "exact":
             raise ValueError(f"SpecConfig.naive_sampling={self.naive_sampling!r} applies to algorithm='naive_eagle' "
                              f"only; got algorithm={self.algorithm!r}")
         d = self.draft_tokens
@@ -63,3 +70,13 @@ class SpecConfig:
     @property
     def draft_tokens(self) -> int:
         return self.num_draft_tokens if self.num_draft_tokens is not None else self.num_steps + 1
+
+    @property
+    def draft_reach(self) -> int:
+        """Draft cache entries one draft writes past its prefix after the draft-extend: EAGLE's
+        (S - 1) * k beams, MTP's step row (each head's at the prefix index), DFlash's S block rows."""
+        if self.algorithm == "mtp":
+            return 1 if self.num_steps > 1 else 0
+        if self.algorithm == "dflash":
+            return self.num_steps
+        return (self.num_steps - 1) * self.topk

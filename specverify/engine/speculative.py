@@ -1,6 +1,7 @@
 """The speculative decoder's host loop: prefill, then one captured cycle per step.
 
-The host's work per cycle: replay the cycle (`engine/eagle_cycle.py` or `engine/naive_cycle.py`) on
+The host's work per cycle: replay the cycle (`engine/eagle_cycle.py`, `engine/naive_cycle.py`, or
+`engine/block_drafts.py` for the MTP and DFlash chains) on
 the running rows, reserve the next cycle's pages while the device runs it (queued table edits,
 one transfer), copy the packed result back once, and append the emitted tokens. A finished or aborted request's row and pages
 go back to the pool from that readback.
@@ -12,6 +13,7 @@ import os
 
 import torch
 
+from specverify.engine.block_drafts import DFlashCycle, MtpCycle
 from specverify.engine.device_decoder import DeviceDecoder
 from specverify.engine.eagle_cycle import EagleCycle, EagleState
 from specverify.engine.logprobs import LogprobChannel
@@ -25,6 +27,24 @@ from specverify.platform import PlatformProfile
 from specverify.protocol.message import PREEMPTED
 
 DEBUG_CHECKS_ENV = "SPECVERIFY_DEBUG_CHECKS"    # "1": value checks of the tree / verify kernels every cycle
+
+
+CYCLES = {"eagle": EagleCycle, "mtp": MtpCycle, "dflash": DFlashCycle}   # the tree / chain cycles
+
+
+def check_draft_models(models: Models, config: SpecConfig) -> None:
+    """The models carry the draft the algorithm runs: MTP one head per draft step (num_steps at
+    most models.config.mtp_heads), DFlash its block head."""
+    if config.algorithm == "mtp":
+        heads = models.config.mtp_heads
+        if config.num_steps > heads:
+            raise ValueError(f"SpecConfig.num_steps={config.num_steps} exceeds the models' mtp_heads={heads}: "
+                             f"mtp runs one head per draft step, so num_steps must be <= mtp_heads")
+        if len(models.mtp) < config.num_steps:
+            raise ValueError(f"models.mtp holds {len(models.mtp)} heads; mtp with num_steps={config.num_steps} "
+                             f"needs one per draft step")
+    elif config.algorithm == "dflash" and models.dflash is None:
+        raise ValueError("models.dflash is None: algorithm='dflash' needs the DFlash block head")
 
 
 class SpecDecoder(DeviceDecoder):
@@ -48,9 +68,13 @@ class SpecDecoder(DeviceDecoder):
                          pad_batches=pad_batches)
         self.config = config
         self.k, self.S, self.D = config.topk, config.num_steps, config.draft_tokens
+        check_draft_models(models, config)
+        if config.algorithm == "mtp":
+            self.draft_layers = max(1, self.S)     # head j writes its own K/V layer j
         # Cache entries a cycle may write past n: the verify's D nodes, or the draft-extend of up to
-        # S + 1 tokens followed by (S - 1) * k beams.
-        self.ahead = max(self.D, self.S + 1 + (self.S - 1) * self.k)
+        # S + 1 tokens followed by what the draft writes past its prefix (EAGLE's (S - 1) * k beams,
+        # MTP's step rows at the prefix index, DFlash's S block rows).
+        self.ahead = max(self.D, self.S + 1 + config.draft_reach)
         self.advance = self.S + 1              # a cycle emits at most S + 1 tokens
         self.debug_checks = os.environ.get(DEBUG_CHECKS_ENV) == "1" if debug_checks is None else debug_checks
         self.naive = config.algorithm == "naive_eagle"
@@ -61,7 +85,7 @@ class SpecDecoder(DeviceDecoder):
             self.use_graphs = False            # the unfused form reads the device back mid-cycle
 
     def request_length(self, r: Request) -> int:
-        return len(r.prompt) + r.max_new_tokens + max(self.D, (self.S - 1) * self.k) + 1
+        return len(r.prompt) + r.max_new_tokens + max(self.D, self.config.draft_reach) + 1
 
     def new_state(self, rows: int) -> EagleState | NaiveState:
         if self.naive:
@@ -79,9 +103,10 @@ class SpecDecoder(DeviceDecoder):
                                     eos_token_id=self.eos, profile=self.profile,
                                     with_logits=self.channel is not None, fused=self.fused)
         else:
-            self.cycle = EagleCycle(self.models, self.cache, self.state, self.config, self.params, seed=self.seed,
-                                    eos_token_id=self.eos, profile=self.profile,
-                                    with_logits=self.channel is not None, checked=self.debug_checks)
+            cycle = CYCLES[self.config.algorithm]
+            self.cycle = cycle(self.models, self.cache, self.state, self.config, self.params, seed=self.seed,
+                               eos_token_id=self.eos, profile=self.profile,
+                               with_logits=self.channel is not None, checked=self.debug_checks)
         out, batch, first, finished = prefill(self.models, self.cache, self.state.requests, reqs, self.params,
                                               seed=self.seed, eos_token_id=self.eos, channel=self.channel,
                                               track_interval=self.config.state_track_interval)

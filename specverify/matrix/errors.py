@@ -6,7 +6,7 @@ from __future__ import annotations
 SCHEMA = "specverify-matrix/1"
 PROFILE_ORDER = ("cuda", "cuda-emulated", "rocm", "rocm-emulated", "cpu")
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
-ALGORITHMS = ("eagle", "naive_eagle", "target", "-")
+ALGORITHMS = ("eagle", "naive_eagle", "mtp_dflash", "target", "-")   # mtp_dflash: the MTP and DFlash chain drafts
 NO_DTYPE = "-"
 
 

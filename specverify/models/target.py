@@ -55,7 +55,8 @@ class TargetModel:
             layers.fuse_qkv(self.w, f"layers.{i}")
 
     def new_cache(self, *, max_requests: int, page_size: int = 1, num_pages: int | None = None,
-                  with_draft: bool = True) -> ModelCache:
+                  with_draft: bool = True, draft_layers: int = 1) -> ModelCache:
+        """draft_layers: the draft's K/V layers when with_draft (an MTP draft owns one per head)."""
         cfg = self.config
         if num_pages is None:
             num_pages = 1 + max_requests * (-(-cfg.max_context // page_size))
@@ -70,7 +71,7 @@ class TargetModel:
                               state_shape=(cfg.num_rec_heads, cfg.rec_key_dim, cfg.rec_value_dim),
                               conv_shape=(cfg.rec_conv_width - 1, cfg.rec_channels),
                               dtype=self.dtype, device=self.device)
-        return ModelCache(table, kv(len(self.attn_layers)), states, kv(1) if with_draft else None)
+        return ModelCache(table, kv(len(self.attn_layers)), states, kv(draft_layers) if with_draft else None)
 
     def forward(self, cache: ModelCache, batch: layers.Batch, *, commit_state: bool = True) -> ForwardOutput:
         """Run the new tokens of `batch`; their K/V land in the cache at kv_lens + j.

@@ -17,7 +17,7 @@ import dataclasses
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
-ALGORITHMS = ("eagle", "naive_eagle", "target", "-")
+ALGORITHMS = ("eagle", "naive_eagle", "mtp_dflash", "target", "-")   # mtp_dflash: the MTP and DFlash chain drafts
 NONE = "-"
 ENTRY_KEYS = {"feature": str, "algorithm": str, "per_op": bool}
 DTYPE_KEYS = ("logits_dtype", "dtype")

@@ -22,6 +22,11 @@ logits dtype). For a draft-head row whose input token `tau` sits at position `p`
   `oracle[r, p + 1]` gets the logit `amax(row) + 8` (the unambiguous top choice), otherwise it
   gets `-inf` (never proposed).
 
+A DFlash block row (docs/semantics.md 6.11) has the mask token `V` (= vocab_size, the logits' last
+dimension) as its input: a row whose input token is `V` at position `p` is steered as if its input
+were `oracle[r, p - 1]` at position `p - 1`, so it proposes the oracle's token at `p` with the
+agreement drawn for `p`.
+
 So `agreement = 1` is the always-right draft (a verify accepts `min(D, S + 1)` tokens per greedy
 cycle), `0` the always-wrong one (1 token per cycle), and the same (request, position) meets the
 same fate in every run. A row is steered on its own token only: no ancestor tracking, so a tree
@@ -90,6 +95,10 @@ def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.T
         plan = steering_plan(oracle, agreement, seed)
     ctx = oracle.shape[1] - 1
     r = req_ids.reshape(tuple(req_ids.shape) + (1,) * (positions.dim() - req_ids.dim())).expand_as(positions)
+    # A DFlash block row (input: the mask id V at position p) is keyed on the oracle's token at p - 1.
+    block_row = tokens == logits.shape[-1]
+    positions = torch.where(block_row, positions - 1, positions)
+    tokens = torch.where(block_row, oracle[r, positions.clamp(0, ctx)], tokens)
     p = positions.clamp(0, ctx)
     decided = plan[r, p]
     on = (oracle[r, p] == tokens) & (decided != -1) & (positions >= 0) & (positions < ctx)
@@ -181,7 +190,8 @@ def oracle_sequences(models, prompts: Sequence[Sequence[int]], budgets: Sequence
 
 def steered_models(models, prompts, max_new_tokens, *, agreement: float, spec, seed: int | None = None,
                    oracle: torch.Tensor | None = None):
-    """`models` with its draft wrapped in a `SteeredDraft` for this workload.
+    """`models` with its drafts wrapped in `SteeredDraft`s for this workload: the EAGLE head, every
+    MTP head and the DFlash head (one oracle, agreement and seed for all).
 
     Runs the target-only greedy pre-run (unless `oracle` is given, e.g. from a cache) with the
     budget of `lookahead`. seed: the agreement hash seed (default: the models' seed). A draft
@@ -189,6 +199,11 @@ def steered_models(models, prompts, max_new_tokens, *, agreement: float, spec, s
     agreement = check_agreement(agreement)
     if oracle is None:
         oracle = oracle_sequences(models, prompts, lookahead(models, prompts, max_new_tokens, spec))
-    inner = models.draft.inner if isinstance(models.draft, SteeredDraft) else models.draft
-    draft = SteeredDraft(inner, oracle, agreement, models.seed if seed is None else seed)
-    return dataclasses.replace(models, draft=draft)
+    seed = models.seed if seed is None else seed
+
+    def steer(head):
+        inner = head.inner if isinstance(head, SteeredDraft) else head
+        return SteeredDraft(inner, oracle, agreement, seed)
+
+    dflash = None if models.dflash is None else steer(models.dflash)
+    return dataclasses.replace(models, draft=steer(models.draft), mtp=[steer(h) for h in models.mtp], dflash=dflash)

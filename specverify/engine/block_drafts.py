@@ -1,0 +1,109 @@
+"""The chain drafts inside the device cycle: MTP (docs/semantics.md 6.10) and the DFlash block
+(6.11), as draft strategies of `EagleCycle`.
+
+Both draft a chain (topk 1, D = S + 1), so the EAGLE cycle's verify, accept, commit, EOS cut,
+emit and packed result serve them unchanged (`chain_tree` reads the S drafts from
+`EagleState.kept_tokens`); each class replaces `draft` (what is written to kept_tokens and to the
+draft K/V), and DFlash its greedy accept. Like EAGLE's draft they are tensor functions of the
+running rows: no host reads, no loops over requests, inactive lanes (q_lens 0) write only the
+sink, so the whole cycle is still captured as one graph per bucket.
+
+Layout of the draft cache (n = the root's position, the draft prefix = n entries, x_t at draft
+index t - 1):
+
+- MTP: head j owns draft K/V layer j. Every head j < S runs the draft-extend over the same rows.
+  Step 0 is head 0's root row; step i (1 <= i < S) is head i's single row (d_i, the hidden of the
+  row that produced d_i, position n + i) at draft index n of layer i, which sees head i's prefix
+  and itself only.
+- DFlash: the head owns layer 0. After the draft-extend, one forward of the S block rows (the
+  mask token id vocab_size, feature g = the hidden of the root's row, positions n + 1 .. n + S) at
+  draft indices n .. n + S - 1, each row seeing the prefix and every block row (bidirectional).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specverify import ops
+from specverify.engine.device_state import extend_batch
+from specverify.engine.eagle_cycle import EagleCycle
+from specverify.kernels.verify import target_predict
+from specverify.models import Batch
+
+
+def _extend(head, cache, rows, tokens, q_lens, feats, kv_lens, req_ids):
+    """The draft-extend of one head: x_t (feature h_{t-1}) at draft index t - 1, position t."""
+    batch = extend_batch(rows, kv_lens, tokens, q_lens, req_ids)
+    batch.positions = batch.positions + 1
+    return head.forward(cache, batch, feats)
+
+
+class MtpCycle(EagleCycle):
+    """The EAGLE cycle with the MTP chain draft: one head (and draft K/V layer) per draft step."""
+
+    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, active) -> None:
+        heads = self.models.mtp
+        bs = tokens.shape[0]
+        ar = torch.arange(bs, device=tokens.device)
+        q_lens = torch.where(active, q_lens, 0)
+        extended = [_extend(heads[j], self.cache, rows, tokens, q_lens, feats, kv_lens, req_ids) for j in range(self.S)]
+        last = (q_lens - 1).clamp(min=0)                                    # the root's row
+        root = extended[0]
+        token = self._top1(root.logits[ar, last], root.scale[ar, last])     # [bs, 1] d_1
+        hidden = root.hidden[ar, last][:, None, :]                          # [bs, 1, H] the row that produced d_1
+        drafts = [token]
+        prefix = kv_lens + q_lens                                           # the root position n
+        positions = prefix[:, None]
+        sees_itself = torch.ones((bs, 1, 1), dtype=torch.bool, device=tokens.device)
+        no_parent = torch.full_like(positions, -1)
+        one_row = torch.where(active, 1, 0)
+        for step in range(1, self.S):
+            # Head `step` runs d_step at position n + step, written at draft index n of its layer.
+            batch = Batch(token, positions + step, rows, prefix, one_row, sees_itself, no_parent, 0, req_ids=req_ids)
+            out = heads[step].forward(self.cache, batch, hidden)
+            token = self._top1(out.logits[:, 0], out.scale[:, 0])
+            hidden = out.hidden
+            drafts.append(token)
+        self.state.kept_tokens[rows] = torch.cat(drafts, 1)
+
+    def _top1(self, logits, scale) -> torch.Tensor:
+        """6.1 with k = 1 of logits [bs, V] (scale [bs, 1]) -> [bs, 1] int64."""
+        return ops.draft_topk(logits, 1, self.profile, scale)[1]
+
+
+class DFlashCycle(EagleCycle):
+    """The EAGLE cycle with the DFlash block draft (one bidirectional forward of S mask rows) and
+    the block op as its greedy verify."""
+
+    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, active) -> None:
+        head, s = self.models.dflash, self.S
+        bs = tokens.shape[0]
+        ar = torch.arange(bs, device=tokens.device)
+        q_lens = torch.where(active, q_lens, 0)
+        context = _extend(head, self.cache, rows, tokens, q_lens, feats, kv_lens, req_ids)   # its logits unused
+        root_hidden = context.hidden[ar, (q_lens - 1).clamp(min=0)]                           # [bs, H] g
+        prefix = kv_lens + q_lens                                                           # the root position n
+        offsets = torch.arange(1, s + 1, device=tokens.device)
+        mask_ids = torch.full((bs, s), self.models.config.vocab_size, dtype=torch.int64, device=tokens.device)
+        bidirectional = torch.ones((bs, s, s), dtype=torch.bool, device=tokens.device)
+        block = Batch(mask_ids, prefix[:, None] + offsets[None, :], rows, prefix, torch.where(active, s, 0),
+                      bidirectional, torch.full_like(mask_ids, -1), 0, req_ids=req_ids)
+        out = head.forward(self.cache, block, root_hidden[:, None, :].expand(-1, s, -1))
+        index = ops.draft_topk(out.logits.reshape(bs * s, -1), 1, self.profile, out.scale.reshape(bs * s, 1))[1]
+        self.state.kept_tokens[rows] = index.view(bs, s)
+
+    def _accept(self, tree, out, rows, req_ids, n):
+        if not self.params.greedy:
+            return super()._accept(tree, out, rows, req_ids, n)     # sampling: the chain's stochastic verify
+        penalty = self.state.requests.penalty
+        if penalty is None:
+            predict = target_predict(out.logits)
+        else:
+            predict = torch.argmax(self._penalized_logits(tree, out, rows, penalty), dim=-1)
+        correct, bonus = ops.dflash_correct_drafts_and_bonus(candidates=tree.tokens, target_predict=predict,
+                                                             checked=False)
+        # The block op's result as the chain's accepted path: nodes 0..correct, then -1.
+        num_correct = correct.to(torch.int64)
+        j = torch.arange(self.S + 1, device=num_correct.device)[None, :]
+        accept = torch.where(j <= num_correct[:, None], j, -1)
+        return accept, num_correct, bonus
