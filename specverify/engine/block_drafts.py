@@ -101,7 +101,7 @@ class DFlashCycle(EagleCycle):
         else:
             predict = torch.argmax(self._penalized_logits(tree, out, rows, penalty), dim=-1)
         correct, bonus = ops.dflash_correct_drafts_and_bonus(candidates=tree.tokens, target_predict=predict,
-                                                             checked=False)
+                                                             checked=self.checked)
         # The block op's result as the chain's accepted path: nodes 0..correct, then -1.
         num_correct = correct.to(torch.int64)
         j = torch.arange(self.S + 1, device=num_correct.device)[None, :]

@@ -120,7 +120,6 @@ class EagleCycle:
                       req_ids=req_ids)
         out = self.models.target.forward(self.cache, batch, commit_state=False)
         accept, num_correct, bonus = self._accept(tree, out, rows, req_ids, n)
-        self._commit(rows, n, accept, num_correct, live, out)
 
         w = self.S + 1
         j = torch.arange(w, device=rows.device)[None, :]
@@ -132,6 +131,7 @@ class EagleCycle:
         emitted = rs.emitted[rows]
         taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)
         taken = torch.where(live, taken, 0)
+        self._commit(rows, n, accept, num_correct, live, out, taken)
         if rs.penalty is not None:
             rs.penalty.record(rows, produced, taken)
         finished = ~live | stop
@@ -179,8 +179,10 @@ class EagleCycle:
         z = dequantize(out.logits.reshape(bs * d, v), out.scale.reshape(bs * d, 1)).view(bs, d, v)
         return penalize(z, tree_counts(counts, tree.tokens, tree.mask), prompt[:, None, :], self.params)
 
-    def _commit(self, rows, n, accept, num_correct, live, out) -> None:
-        """Move accepted nodes' K/V down to [n, n+a+1) and keep the last one's recurrent state."""
+    def _commit(self, rows, n, accept, num_correct, live, out, taken) -> None:
+        """Move accepted nodes' K/V down to [n, n+a+1) and keep the last one's recurrent state
+        (and, with a tracking interval, the state at the last multiple among the `taken` tokens the
+        EOS / budget cut lets through: a finishing request tracks only what it emitted)."""
         table = self.cache.table.req_to_token
         last_index = table.shape[1] - 1
         j = torch.arange(accept.shape[1], device=rows.device)[None, :]
@@ -191,6 +193,7 @@ class EagleCycle:
         self.cache.kv.move(torch.where(keep, src, sink).flatten(), torch.where(keep, dst, sink).flatten())
         last = accept.gather(1, num_correct[:, None])[:, 0]       # the tree position of the last accepted node
         tracked = None if self.track_interval is None else tracking_step(
-            path=accept, num_correct=num_correct, seq_lens=n, interval=self.track_interval, live=live)
+            path=accept, num_correct=torch.minimum(num_correct, taken - 1), seq_lens=n, interval=self.track_interval,
+            live=live)
         commit_recurrent_states(states=self.cache.states, recurrent=out.rec_states, conv=out.conv_states, rows=rows,
                                 steps=torch.where(live, last, -1), tracking_steps=tracked)

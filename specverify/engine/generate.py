@@ -68,7 +68,7 @@ def check_spec_fit(cfg: ModelConfig, spec: SpecConfig, prompts, budgets: list[in
     if spec.topk > cfg.vocab_size:
         raise ValueError(f"spec.topk {spec.topk} exceeds the vocabulary size {cfg.vocab_size} "
                          f"(the draft picks topk distinct tokens per step)")
-    region = max(spec.draft_tokens, (spec.num_steps - 1) * spec.topk)
+    region = max(spec.draft_tokens, spec.draft_reach)     # what SpecDecoder.request_length reserves
     for i, (p, n) in enumerate(zip(prompts, budgets)):
         if len(p) + n + region + 1 > cfg.max_context:
             raise ValueError(f"prompts[{i}]: prompt length {len(p)} + max_new_tokens {n} + draft region "

@@ -121,16 +121,16 @@ class NaiveCycle:
         e0 = torch.where(accepted, d, bonus)
         produced = torch.stack([e0, torch.where(accepted, bonus, 0)], 1)
         ar = torch.arange(bs, device=rows.device)
+        emitted = rs.emitted[rows]
+        taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)
+        taken = torch.where(live, taken, 0)
+        # The tracking slot only counts what the EOS / budget cut lets through (taken - 1 drafts).
         tracked = None if self.track_interval is None else tracking_step(
-            path=torch.arange(2, device=rows.device).expand(bs, 2), num_correct=count - 1, seq_lens=n,
+            path=torch.arange(2, device=rows.device).expand(bs, 2), num_correct=taken - 1, seq_lens=n,
             interval=self.track_interval, live=live)
         commit_recurrent_states(states=self.cache.states, recurrent=out.rec_states, conv=out.conv_states, rows=rows,
                                 steps=torch.where(live, count - 1, -1),   # the state after the last kept node
                                 tracking_steps=tracked)
-
-        emitted = rs.emitted[rows]
-        taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)
-        taken = torch.where(live, taken, 0)
         finished = ~live | stop
         if rs.penalty is not None:
             rs.penalty.record(rows, produced, taken)
