@@ -137,6 +137,9 @@ class RecordingHead:
         self.calls.append((batch.input_ids.clone(), batch.positions.clone(), batch.q_lens.clone(), out.logits.clone()))
         return out
 
+    def hidden_states(self, cache, batch, features):
+        return self.inner.hidden_states(cache, batch, features)
+
 
 def test_dflash_block_rows_see_every_context_and_block_row():
     """The prefill's draft: each block row's logits equal the reference head's over all context rows
@@ -147,7 +150,7 @@ def test_dflash_block_rows_see_every_context_and_block_row():
     prompts = PROMPTS[:2]
     dec, reqs = start_decoder(dataclasses.replace(models, dflash=head), spec, SamplingParams(), prompts, [5, 5],
                               eos=None, pad_batches=False)
-    (ids, positions, q_lens, logits) = head.calls[1]                     # [0]: the context rows
+    (ids, positions, q_lens, logits) = head.calls[0]       # the context rows run `hidden_states`: no logits
     s, v = spec.num_steps, cfg.vocab_size
     assert bool((ids == v).all()) and q_lens.tolist() == [s] * len(prompts)
     for b, (prompt, req) in enumerate(zip(prompts, reqs)):

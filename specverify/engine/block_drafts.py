@@ -31,11 +31,11 @@ from specverify.kernels.verify import target_predict
 from specverify.models import Batch
 
 
-def _extend(head, cache, rows, tokens, q_lens, feats, kv_lens, req_ids):
-    """The draft-extend of one head: x_t (feature h_{t-1}) at draft index t - 1, position t."""
+def _extend_batch(rows, tokens, q_lens, kv_lens, req_ids) -> Batch:
+    """The draft-extend rows: x_t (feature h_{t-1}) at draft index t - 1, position t."""
     batch = extend_batch(rows, kv_lens, tokens, q_lens, req_ids)
     batch.positions = batch.positions + 1
-    return head.forward(cache, batch, feats)
+    return batch
 
 
 class MtpCycle(EagleCycle):
@@ -46,9 +46,11 @@ class MtpCycle(EagleCycle):
         bs = tokens.shape[0]
         ar = torch.arange(bs, device=tokens.device)
         q_lens = torch.where(active, q_lens, 0)
-        extended = [_extend(heads[j], self.cache, rows, tokens, q_lens, feats, kv_lens, req_ids) for j in range(self.S)]
+        batch = _extend_batch(rows, tokens, q_lens, kv_lens, req_ids)
+        root = heads[0].forward(self.cache, batch, feats)                 # head 0 drafts d_1 from the root's row
+        for j in range(1, self.S):
+            heads[j].hidden_states(self.cache, batch, feats)              # the other heads' context: K/V only
         last = (q_lens - 1).clamp(min=0)                                    # the root's row
-        root = extended[0]
         token = self._top1(root.logits[ar, last], root.scale[ar, last])     # [bs, 1] d_1
         hidden = root.hidden[ar, last][:, None, :]                          # [bs, 1, H] the row that produced d_1
         drafts = [token]
@@ -80,8 +82,8 @@ class DFlashCycle(EagleCycle):
         bs = tokens.shape[0]
         ar = torch.arange(bs, device=tokens.device)
         q_lens = torch.where(active, q_lens, 0)
-        context = _extend(head, self.cache, rows, tokens, q_lens, feats, kv_lens, req_ids)   # its logits unused
-        root_hidden = context.hidden[ar, (q_lens - 1).clamp(min=0)]                           # [bs, H] g
+        context = head.hidden_states(self.cache, _extend_batch(rows, tokens, q_lens, kv_lens, req_ids), feats)
+        root_hidden = context[ar, (q_lens - 1).clamp(min=0)]                                  # [bs, H] g
         prefix = kv_lens + q_lens                                                           # the root position n
         offsets = torch.arange(1, s + 1, device=tokens.device)
         mask_ids = torch.full((bs, s), self.models.config.vocab_size, dtype=torch.int64, device=tokens.device)

@@ -38,12 +38,11 @@ class DraftHead:
         self.rotary = layers.RotaryTable(config.max_context, config.head_dim, config.rope_theta, self.device)
         layers.fuse_qkv(self.w, "layer")
 
-    def compute_logits(self, cache: ModelCache, batch: layers.Batch,
-                       features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's network. features: [bs, q, H] hidden feature paired with each new token.
-
-        Returns (logits [bs, q, V] in the compute dtype, hidden [bs, q, H]); writes the new
-        tokens' K/V into the draft cache."""
+    def hidden_states(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor) -> torch.Tensor:
+        """The head's network without its final norm and lm_head: writes the new tokens' K/V into
+        the draft cache and returns the hidden [bs, q, H]. A draft-extend whose logits nobody reads
+        (an MTP head past the first, DFlash's context rows) calls this instead of `forward`, and
+        pays for no full-vocabulary matmul."""
         cfg, w = self.config, self.w
         x = torch.cat([self.embed[batch.input_ids], features.to(self.embed.dtype)], dim=-1) @ w["fc"]
         n = layers.rmsnorm(x, w["layer.attn_norm"], cfg.norm_eps)
@@ -52,8 +51,16 @@ class DraftHead:
                                  cache.draft_kv.v[self.kv_layer], table,
                                  layers.plan_attention(batch, table, self.rotary, x.dtype),
                                  num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
-        x = x + layers.swiglu_mlp(x, w, "layer", cfg.norm_eps)
-        return layers.rmsnorm(x, w["final_norm"], cfg.norm_eps) @ self.lm_head, x
+        return x + layers.swiglu_mlp(x, w, "layer", cfg.norm_eps)
+
+    def compute_logits(self, cache: ModelCache, batch: layers.Batch,
+                       features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's network. features: [bs, q, H] hidden feature paired with each new token.
+
+        Returns (logits [bs, q, V] in the compute dtype, hidden [bs, q, H]); writes the new
+        tokens' K/V into the draft cache."""
+        x = self.hidden_states(cache, batch, features)
+        return layers.rmsnorm(x, self.w["final_norm"], self.config.norm_eps) @ self.lm_head, x
 
     def deliver(self, logits: torch.Tensor, hidden: torch.Tensor) -> ForwardOutput:
         """Compute-dtype logits [bs, q, V] -> the forward's output in the logits dtype."""

@@ -148,6 +148,9 @@ class SteeredDraft:
     def deliver(self, logits: torch.Tensor, hidden: torch.Tensor):
         return self.inner.deliver(logits, hidden)
 
+    def hidden_states(self, cache, batch, features) -> torch.Tensor:
+        return self.inner.hidden_states(cache, batch, features)      # no logits, nothing to steer
+
     def forward(self, cache, batch, features):
         return self.deliver(*self.compute_logits(cache, batch, features))
 
