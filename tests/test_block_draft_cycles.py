@@ -244,6 +244,8 @@ def test_mtp_steps_beyond_its_heads_are_refused():
         specverify.generate(models, [[1, 2, 3]], spec=spec, max_new_tokens=2)
     with pytest.raises(ValueError, match="mtp_heads"):
         SpecDecoder(models, spec, SamplingParams(), seed=0, eos_token_id=None)
-    # DFlash has no per-step heads: the same depth runs.
-    specverify.generate(models, [[1, 2, 3]], spec=SpecConfig(algorithm="dflash", num_steps=heads + 1),
-                        max_new_tokens=2)
+    # DFlash has no per-step heads: the same depth runs, and its trees are blocks of heads + 2 nodes.
+    out = specverify.generate(models, [[1, 2, 3]], spec=SpecConfig(algorithm="dflash", num_steps=heads + 1),
+                              max_new_tokens=4, trace=True)
+    assert out.tokens == specverify.generate(models, [[1, 2, 3]], max_new_tokens=4).tokens
+    assert out.trace[0] and all(len(cycle.tree_tokens) == heads + 2 for cycle in out.trace[0])
