@@ -211,6 +211,18 @@ def drive(dec, reqs, bs: int, args, device: str) -> dict:
             "tokens": [list(r.output) for r in reqs]}
 
 
+def steered_for(models, prompts, specs, args, device: str):
+    """(models with every draft steered to args.agreement, ms of the steering's target-only greedy
+    pre-run): the pre-run runs once, for the largest batch and the widest of `specs`' regions (a
+    smaller batch takes a prefix of the prompts; the oracle is indexed by the place in the list)."""
+    t0 = time.perf_counter()
+    oracle = oracle_sequences(models, prompts, lookahead(models, prompts, args.max_new_tokens, specs))
+    sync(device)
+    oracle_ms = (time.perf_counter() - t0) * 1e3
+    return steered_models(models, prompts, args.max_new_tokens, agreement=args.agreement, spec=specs,
+                          oracle=oracle), oracle_ms
+
+
 def guarded(fn) -> dict:
     """fn()'s result, or {"error": ...} (the other runs still go on)."""
     try:
@@ -497,13 +509,7 @@ def main(argv=None) -> int:
 
     # The steering pre-run: once, for the largest batch (a smaller batch is a prefix of its prompts,
     # and the oracle is indexed by the request's place in the prompt list).
-    specs = [s for _, s in SPECS]
-    t0 = time.perf_counter()
-    oracle = oracle_sequences(models, prompts, lookahead(models, prompts, args.max_new_tokens, specs))
-    sync(device)
-    oracle_ms = (time.perf_counter() - t0) * 1e3
-    steered = steered_models(models, prompts, args.max_new_tokens, agreement=args.agreement, spec=specs,
-                             oracle=oracle)
+    steered, oracle_ms = steered_for(models, prompts, [s for _, s in SPECS], args, device)
     print(f"built {preset} in {build_s:.1f} s; steering pre-run {oracle_ms:.0f} ms", file=sys.stderr, flush=True)
 
     target, results = {}, []

@@ -38,10 +38,9 @@ from _common import (CAPTURES_NOTE, device_and_preset, add_decode_options, base_
                      resolve_decode_options, table, write_results)
 
 import specverify  # noqa: E402
-from bench_device_cycle import (PROMPT_LENS, _f, captured, make_prompts, run_spec, run_target, sync,  # noqa: E402
-                                sync_cells)
+from bench_device_cycle import (PROMPT_LENS, _f, captured, make_prompts, run_spec, run_target,  # noqa: E402
+                                steered_for, sync_cells)
 from specverify.engine.spec_config import SpecConfig  # noqa: E402
-from tests.support.steering import lookahead, oracle_sequences, steered_models  # noqa: E402
 
 ALGORITHMS = {
     "eagle S3 k1": SpecConfig(num_steps=3, topk=1),
@@ -115,13 +114,7 @@ def main(argv=None) -> int:
     cfg = models.config
     prompts = make_prompts(max(args.batches), cfg.vocab_size, args.seed)
     specs = [ALGORITHMS[a] for a in args.algorithms]
-    # The steering pre-run: once, for the largest batch and the widest algorithm's region.
-    t0 = time.perf_counter()
-    oracle = oracle_sequences(models, prompts, lookahead(models, prompts, args.max_new_tokens, specs))
-    sync(device)
-    oracle_ms = (time.perf_counter() - t0) * 1e3
-    steered = steered_models(models, prompts, args.max_new_tokens, agreement=args.agreement, spec=specs,
-                             oracle=oracle)
+    steered, oracle_ms = steered_for(models, prompts, specs, args, device)
 
     target, results = {}, {}
     for bs in sorted(set(args.batches)):

@@ -56,12 +56,11 @@ from _common import (CAPTURES_NOTE, device_and_preset, add_decode_options, base_
 
 import specverify  # noqa: E402
 from bench_device_cycle import (PROMPT_LENS, _f, _yes, captured, drive, guarded, make_prompts,  # noqa: E402
-                                release, run_target, sync, sync_cells)
+                                release, run_target, steered_for, sync, sync_cells)
 from specverify.engine.requests import new_requests  # noqa: E402
 from specverify.engine.sampling import SamplingParams  # noqa: E402
 from specverify.engine.spec_config import SpecConfig  # noqa: E402
 from specverify.engine.speculative import SpecDecoder  # noqa: E402
-from tests.support.steering import lookahead, oracle_sequences, steered_models  # noqa: E402
 
 NAIVE = SpecConfig(algorithm="naive_eagle")
 # mode -> (cuda_graph, fused); the unfused form runs eagerly whatever cuda_graph says.
@@ -238,13 +237,8 @@ def main(argv=None) -> int:
     if "steered" in args.drafts:
         # The steering pre-run: once, for the largest batch (a smaller batch takes a prefix of the
         # prompts, and the oracle is indexed by the request's place in the prompt list).
-        t0 = time.perf_counter()
-        oracle = oracle_sequences(models, prompts, lookahead(models, prompts, args.max_new_tokens, NAIVE))
-        sync(device)
-        oracle_ms = (time.perf_counter() - t0) * 1e3
-        drafts.append((f"steered {args.agreement:g}",
-                       steered_models(models, prompts, args.max_new_tokens, agreement=args.agreement, spec=NAIVE,
-                                      oracle=oracle)))
+        steered, oracle_ms = steered_for(models, prompts, NAIVE, args, device)
+        drafts.append((f"steered {args.agreement:g}", steered))
     if "plain" in args.drafts:
         drafts.append(("plain", models))
     print(f"built {preset} in {build_s:.1f} s" + (f"; steering pre-run {oracle_ms:.0f} ms" if oracle_ms else ""),
