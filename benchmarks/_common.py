@@ -207,3 +207,12 @@ def resolve_decode_options(ap: argparse.ArgumentParser, args: argparse.Namespace
         ap.error("sizes must be >= 1 (--warmup / --sync-steps >= 0)")
     if not 0.0 <= args.agreement <= 1.0:
         ap.error(f"--agreement must be in [0, 1], got {args.agreement}")
+
+
+def comma_choices(ap: argparse.ArgumentParser, option: str, value: str, allowed) -> tuple[str, ...]:
+    """A comma-separated option's names, each one of `allowed` (else an argparse error naming them)."""
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = sorted(set(names) - set(allowed))
+    if not names or unknown:
+        ap.error(f"{option} takes names among {', '.join(allowed)}; got {', '.join(unknown) or 'nothing'}")
+    return names

@@ -34,8 +34,9 @@ from __future__ import annotations
 import sys
 import time
 
-from _common import (CAPTURES_NOTE, device_and_preset, add_decode_options, base_parser, closing_lines, header, out_dir,  # puts the repo root on sys.path
-                     resolve_decode_options, table, write_results)
+from _common import (CAPTURES_NOTE, add_decode_options, base_parser, closing_lines,  # puts the repo root on sys.path
+                     comma_choices, device_and_preset, header, out_dir, resolve_decode_options, table,
+                     write_results)
 
 import specverify  # noqa: E402
 from bench_device_cycle import (PROMPT_LENS, _f, captured, make_prompts, run_spec, run_target,  # noqa: E402
@@ -98,10 +99,7 @@ def parse_args(argv=None):
                     help=f"comma-separated rows to run (default all: {', '.join(ALGORITHMS)})")
     args = ap.parse_args(argv)
     resolve_decode_options(ap, args)
-    args.algorithms = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
-    unknown = set(args.algorithms) - set(ALGORITHMS)
-    if not args.algorithms or unknown:
-        ap.error(f"--algorithms takes names among {', '.join(ALGORITHMS)}; unknown: {', '.join(sorted(unknown))}")
+    args.algorithms = comma_choices(ap, "--algorithms", args.algorithms, tuple(ALGORITHMS))
     return args
 
 

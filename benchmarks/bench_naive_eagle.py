@@ -51,8 +51,9 @@ from __future__ import annotations
 import sys
 import time
 
-from _common import (CAPTURES_NOTE, device_and_preset, add_decode_options, base_parser, closing_lines, header, out_dir,  # puts the repo root on sys.path
-                     resolve_decode_options, table, write_results)
+from _common import (CAPTURES_NOTE, add_decode_options, base_parser, closing_lines,  # puts the repo root on sys.path
+                     comma_choices, device_and_preset, header, out_dir, resolve_decode_options, table,
+                     write_results)
 
 import specverify  # noqa: E402
 from bench_device_cycle import (PROMPT_LENS, _f, _yes, captured, drive, guarded, make_prompts,  # noqa: E402
@@ -216,9 +217,7 @@ def parse_args(argv=None):
                     help="comma-separated drafts to run: steered, plain (default both)")
     args = ap.parse_args(argv)
     resolve_decode_options(ap, args)
-    args.drafts = tuple(d.strip() for d in args.drafts.split(",") if d.strip())
-    if not args.drafts or set(args.drafts) - {"steered", "plain"}:
-        ap.error(f"--drafts takes steered and / or plain, got {','.join(args.drafts) or 'nothing'}")
+    args.drafts = comma_choices(ap, "--drafts", args.drafts, ("steered", "plain"))
     return args
 
 
