@@ -4,8 +4,8 @@
 Both draft a chain (topk 1, D = S + 1), so the EAGLE cycle's verify, accept, commit, EOS cut,
 emit and packed result serve them unchanged (`chain_tree` reads the S drafts from
 `EagleState.kept_tokens`); each class replaces `draft` (what is written to kept_tokens and to the
-draft K/V), and DFlash its greedy accept. Like EAGLE's draft they are tensor functions of the
-running rows: no host reads, no loops over requests, inactive lanes (q_lens 0) write only the
+draft K/V), and DFlash its greedy verify (`_verify_greedy`: the block op). Like EAGLE's draft they
+are tensor functions of the running rows: no host reads, no loops over requests, inactive lanes (q_lens 0) write only the
 sink, so the whole cycle is still captured as one graph per bucket.
 
 Layout of the draft cache (n = the root's position, the draft prefix = n entries, x_t at draft
@@ -27,7 +27,6 @@ import torch
 from specverify import ops
 from specverify.engine.device_state import extend_batch
 from specverify.engine.eagle_cycle import EagleCycle
-from specverify.kernels.verify import target_predict
 from specverify.models import Batch
 
 
@@ -94,17 +93,10 @@ class DFlashCycle(EagleCycle):
         index = ops.draft_topk(out.logits.reshape(bs * s, -1), 1, self.profile, out.scale.reshape(bs * s, 1))[1]
         self.state.kept_tokens[rows] = index.view(bs, s)
 
-    def _accept(self, tree, out, rows, req_ids, n):
-        if not self.params.greedy:
-            return super()._accept(tree, out, rows, req_ids, n)     # sampling: the chain's stochastic verify
-        penalty = self.state.requests.penalty
-        if penalty is None:
-            predict = target_predict(out.logits)
-        else:
-            predict = torch.argmax(self._penalized_logits(tree, out, rows, penalty), dim=-1)
+    def _verify_greedy(self, tree, predict: torch.Tensor):
+        """Greedy verify by the block op (6.11), its result as the chain's accepted path."""
         correct, bonus = ops.dflash_correct_drafts_and_bonus(candidates=tree.tokens, target_predict=predict,
                                                              checked=self.checked)
-        # The block op's result as the chain's accepted path: nodes 0..correct, then -1.
         num_correct = correct.to(torch.int64)
         j = torch.arange(self.S + 1, device=num_correct.device)[None, :]
         accept = torch.where(j <= num_correct[:, None], j, -1)

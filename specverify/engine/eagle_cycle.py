@@ -160,16 +160,21 @@ class EagleCycle:
         if penalty is not None:
             z = self._penalized_logits(tree, out, rows, penalty)             # [bs, D, V] float64
             if self.params.greedy:
-                return verify_greedy(tree, torch.argmax(z, dim=-1), num_steps=self.S)
+                return self._verify_greedy(tree, torch.argmax(z, dim=-1))
             probs = probs_from_z(z.reshape(bs * d, v), self.params)
         elif self.params.greedy:
-            return verify_greedy(tree, target_predict(out.logits), num_steps=self.S)
+            return self._verify_greedy(tree, target_predict(out.logits))
         else:
             probs = sampling_probs(out.logits.reshape(bs * d, v), out.scale.reshape(bs * d, 1), self.params)
         draws = torch.arange(d + 1, device=n.device)[None, :]
         u = counter_uniforms(self.seed, req_ids[:, None], n[:, None], draws)       # [bs, D + 1]
         return verify_stochastic(tree, probs.view(bs, d, v), u[:, :d].contiguous(), u[:, d].contiguous(),
                                  num_steps=self.S, checked=self.checked)
+
+    def _verify_greedy(self, tree, predict: torch.Tensor):
+        """6.3 over the tree with the target's greedy token after each node, predict [bs, D]:
+        (accepted nodes [bs, S + 1], accepted drafts [bs], bonus [bs])."""
+        return verify_greedy(tree, predict, num_steps=self.S)
 
     def _penalized_logits(self, tree, out, rows, penalty: PenaltyState) -> torch.Tensor:
         """Every node's dequantized target logits, penalized (section 7) by its own context: the

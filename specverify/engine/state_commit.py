@@ -3,10 +3,10 @@ cycles: each request keeps the state its recurrent layers reached after its last
 the recurrent state and the conv window together, and (with a tracking interval) its tracking
 slot keeps the state at the last multiple of the interval.
 
-The verify leaves, per recurrent layer, the state after every node of every lane
-([bs, D, *state], `ForwardOutput.rec_states`, and the conv windows `ForwardOutput.conv_states`);
-the commit stacks them into the intermediate caches [L, bs, D, *state] and scatters each live
-lane's `step` into its slot-table row with `ops.mamba_state_scatter` (a lane with step -1,
+The verify's forward writes the intermediate caches, the state after every node of every lane in
+every recurrent layer ([L, bs, D, *state], `ForwardOutput.rec_states`, and the conv windows
+`ForwardOutput.conv_states`); the commit scatters each live lane's `step` from them into its
+slot-table row with `ops.mamba_state_scatter` (a lane with step -1,
 finished or padded, commits nothing). Keyword-only, as every commit API: a step passed as a slot
 must not be expressible by position.
 """
@@ -19,23 +19,21 @@ from specverify.models.kv_cache import StateBuffers
 from specverify.ops import mamba_state_scatter
 
 
-def commit_recurrent_states(*, states: StateBuffers, recurrent: list[torch.Tensor], conv: list[torch.Tensor],
+def commit_recurrent_states(*, states: StateBuffers, recurrent: torch.Tensor | None, conv: torch.Tensor | None,
                             rows: torch.Tensor, steps: torch.Tensor, tracking_steps: torch.Tensor | None = None) -> None:
-    """states: the cache's state buffers; recurrent / conv: per recurrent layer (in layer order)
-    the state [bs, D, nr, dk, dv] and the conv window [bs, D, W-1, C] after every node; rows: [bs]
-    int64 each lane's slot-table row; steps: [bs] int64 the node whose state a lane commits
-    (topk == 1: accepted count - 1; a tree: the position of its last accepted node), -1 to
+    """states: the cache's state buffers; recurrent / conv: the verify's intermediate caches (layer
+    order), the state [L, bs, D, nr, dk, dv] and the conv window [L, bs, D, W-1, C] after every node
+    (`ForwardOutput.rec_states` / `conv_states`; None for a model without recurrent layers);
+    rows: [bs] int64 each lane's slot-table row; steps: [bs] int64 the node whose state a lane
+    commits (topk == 1: accepted count - 1; a tree: the position of its last accepted node), -1 to
     commit nothing; tracking_steps: [bs] int64 the node whose state goes to the lane's tracking
     slot (`tracking_step`), -1 for none; None skips the tracking commit."""
-    if not recurrent:
+    if recurrent is None:
         return
-    if len(conv) != len(recurrent):
-        raise ValueError(f"conv: {len(conv)} layers of conv windows for {len(recurrent)} recurrent layers")
     commits = [(rows, steps)]
     if tracking_steps is not None:
         commits.append((states.tracking_slot(rows), tracking_steps))
-    for dst, layers in ((states.stacked, recurrent), (states.conv_stacked, conv)):
-        src = torch.stack(layers).to(dst.dtype)
+    for dst, src in ((states.stacked, recurrent), (states.conv_stacked, conv)):
         for slots, node in commits:
             mamba_state_scatter(dst=dst, src=src, dst_indices=slots, step_indices=node, checked=False)
 

@@ -65,7 +65,7 @@ class DraftHead:
     def deliver(self, logits: torch.Tensor, hidden: torch.Tensor) -> ForwardOutput:
         """Compute-dtype logits [bs, q, V] -> the forward's output in the logits dtype."""
         values, scale = deliver_logits(logits, self.config)
-        return ForwardOutput(values, scale, hidden, [])
+        return ForwardOutput(values, scale, hidden)
 
     def forward(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor) -> ForwardOutput:
         """features: [bs, q, H] hidden feature paired with each new token."""

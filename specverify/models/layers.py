@@ -146,16 +146,17 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
 
 
 def recurrent(x: torch.Tensor, w: dict, prefix: str, batch: Batch, state: torch.Tensor, conv_state: torch.Tensor, *,
-              num_heads: int, key_dim: int, value_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              inter: torch.Tensor, conv_inter: torch.Tensor, num_heads: int, key_dim: int,
+              value_dim: int) -> torch.Tensor:
     """Short causal convolution, then a gated linear recurrence, over a tree of new tokens.
 
     x: [bs, q, H] normed input; state: [slots, nr, dk, dv] and conv_state: [slots, W-1, C] the
     committed states, read at the batch's rows (a request with no cached token starts from zeros).
     Each token's "previous token" is its parent in the batch (the last cached token for a root),
     so both the conv window and the recurrence run along the token's own ancestry.
-    Returns the mixer output [bs, q, H], the recurrent state after every new token
-    [bs, q, nr, dk, dv] and the conv window after every new token [bs, q, W-1, C] (the
-    intermediate states a verify keeps for the commit).
+    Writes the recurrent state after every new token into `inter` [bs, q, nr, dk, dv] and the conv
+    window after every new token into `conv_inter` [bs, q, W-1, C] (the caller's intermediate
+    caches, what a verify's commit scatters from); returns the mixer output [bs, q, H].
     """
     bs, q, _ = x.shape
     dq, dkv = num_heads * key_dim, 2 * num_heads * key_dim
@@ -165,8 +166,6 @@ def recurrent(x: torch.Tensor, w: dict, prefix: str, batch: Batch, state: torch.
     fresh = (batch.kv_lens == 0)[:, None, None]
     start = torch.where(fresh[..., None], 0, state[batch.rows].to(x.dtype))          # [bs, nr, dk, dv]
     window = torch.where(fresh, 0, conv_state[batch.rows].to(x.dtype))              # [bs, W-1, C]
-    inter = x.new_zeros((bs, q, num_heads, key_dim, value_dim))            # state after each token
-    conv_inter = x.new_zeros((bs, q) + tuple(window.shape[1:]))            # window after each token
     queries = x.new_empty((bs, q, num_heads, key_dim))
     ar = torch.arange(bs, device=x.device)
     for j in range(q):   # tokens in topological order: a parent precedes its children
@@ -181,4 +180,4 @@ def recurrent(x: torch.Tensor, w: dict, prefix: str, batch: Batch, state: torch.
         prev = torch.where(has_parent[..., None], inter[ar, parent.clamp(min=0)], start)
         inter[:, j] = gate[:, j, :, None, None] * prev + kv[:, :, :, None] * vv[:, :, None, :]
     y = torch.einsum("bqrk,bqrkv->bqrv", queries, inter).reshape(bs, q, num_heads * value_dim)
-    return y @ w[f"{prefix}.wo"], inter, conv_inter
+    return y @ w[f"{prefix}.wo"]

@@ -31,9 +31,10 @@ class ForwardOutput:
     logits: torch.Tensor           # [bs, q, V] in the logits dtype
     scale: torch.Tensor            # [bs, q, 1] float32 dequantization scale (ones unless FP8)
     hidden: torch.Tensor           # [bs, q, H] final hidden state before the final norm
-    rec_states: list[torch.Tensor]  # per recurrent layer: [bs, q, nr, dk, dv] state after each token
-    conv_states: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    # per recurrent layer: [bs, q, W-1, C] conv window after each token
+    # The intermediate caches of the recurrent layers (None without any): the state after each new
+    # token, [L, bs, q, nr, dk, dv], and the conv window after each, [L, bs, q, W-1, C].
+    rec_states: torch.Tensor | None = None
+    conv_states: torch.Tensor | None = None
 
 
 def deliver_logits(logits: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +83,12 @@ class TargetModel:
         cfg, w = self.config, self.w
         h = w["embed"][batch.input_ids]                                    # [bs, q, H]
         plan = layers.plan_attention(batch, cache.table.req_to_token, self.rotary, h.dtype)   # shared by the layers
-        rec_states, conv_states = [], []
+        rec_states = conv_states = None
+        if self.rec_layers:       # written in place by the layers: the commit scatters from them as they are
+            bs, q = batch.input_ids.shape
+            rec_states = h.new_empty((len(self.rec_layers), bs, q, cfg.num_rec_heads, cfg.rec_key_dim,
+                                      cfg.rec_value_dim))
+            conv_states = h.new_empty((len(self.rec_layers), bs, q, cfg.rec_conv_width - 1, cfg.rec_channels))
         for i, kind in enumerate(cfg.layer_kinds):
             p = f"layers.{i}"
             n = layers.rmsnorm(h, w[f"{p}.attn_norm"], cfg.norm_eps)
@@ -93,11 +99,10 @@ class TargetModel:
                                          head_dim=cfg.head_dim)
             else:
                 r = self.rec_layers.index(i)
-                mixed, inter, conv_inter = layers.recurrent(n, w, p, batch, cache.states.state[r],
-                                                            cache.states.conv[r], num_heads=cfg.num_rec_heads,
-                                                            key_dim=cfg.rec_key_dim, value_dim=cfg.rec_value_dim)
-                rec_states.append(inter)
-                conv_states.append(conv_inter)
+                inter, conv_inter = rec_states[r], conv_states[r]
+                mixed = layers.recurrent(n, w, p, batch, cache.states.state[r], cache.states.conv[r], inter=inter,
+                                         conv_inter=conv_inter, num_heads=cfg.num_rec_heads, key_dim=cfg.rec_key_dim,
+                                         value_dim=cfg.rec_value_dim)
                 if commit_state:
                     last = (batch.q_lens - 1).clamp(min=0)
                     ar = torch.arange(inter.shape[0], device=inter.device)
