@@ -5,8 +5,8 @@ Both draft a chain (topk 1, D = S + 1), so the EAGLE cycle's verify, accept, com
 emit and packed result serve them unchanged (`chain_tree` reads the S drafts from
 `EagleState.kept_tokens`); each class replaces `draft` (what is written to kept_tokens and to the
 draft K/V), and DFlash its greedy verify (`_verify_greedy`: the block op). Like EAGLE's draft they
-are tensor functions of the running rows: no host reads, no loops over requests, inactive lanes (q_lens 0) write only the
-sink, so the whole cycle is still captured as one graph per bucket.
+are tensor functions of the running rows: no host reads, no loops over requests, inactive lanes
+(q_lens 0) write only the sink, so the whole cycle is still captured as one graph per bucket.
 
 Layout of the draft cache (n = the root's position, the draft prefix = n entries, x_t at draft
 index t - 1):
