@@ -216,3 +216,9 @@ def comma_choices(ap: argparse.ArgumentParser, option: str, value: str, allowed)
     if not names or unknown:
         ap.error(f"{option} takes names among {', '.join(allowed)}; got {', '.join(unknown) or 'nothing'}")
     return names
+
+
+def step_timing(args) -> str:
+    """The "Timing" setting of the decode benchmarks (driven by `bench_device_cycle.drive`)."""
+    return (f"per `step()`, CUDA events (host clock on the CPU); after the captures, {args.warmup} untimed "
+            f"warm-up step(s) and {args.sync_steps} sync-counting step(s), every remaining step timed")

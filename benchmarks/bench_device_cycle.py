@@ -52,8 +52,8 @@ import time
 import traceback
 import warnings
 
-from _common import (CAPTURES_NOTE, device_and_preset, base_parser, closing_lines, header, out_dir, peak_bandwidth,  # puts the repo root on sys.path
-                     table, write_results)
+from _common import (CAPTURES_NOTE, base_parser, closing_lines, device_and_preset,  # puts the repo root on sys.path
+                     header, out_dir, peak_bandwidth, step_timing, table, write_results)
 
 import torch  # noqa: E402
 
@@ -560,8 +560,7 @@ def main(argv=None) -> int:
                  f"{oracle_ms:.0f} ms, once, untimed); `plain` rows: the unsteered draft head "
                  f"(bs {', '.join(map(str, args.plain_batches)) or 'none'})",
         "Modes": f"graph = {graph_mode}; eager = `cuda_graph=False`; both `pad_batches=True`",
-        "Timing": f"per `step()`, CUDA events (host clock on the CPU); after the captures, {args.warmup} untimed "
-                  f"warm-up step(s) and {args.sync_steps} sync-counting step(s), every remaining step timed",
+        "Timing": step_timing(args),
         "Total run time": f"{time.perf_counter() - t_all:.0f} s",
     })
     lines += ["## Cycle: captured graph vs eager", ""]

@@ -35,8 +35,8 @@ import sys
 import time
 
 from _common import (CAPTURES_NOTE, add_decode_options, base_parser, closing_lines,  # puts the repo root on sys.path
-                     comma_choices, device_and_preset, header, out_dir, resolve_decode_options, table,
-                     write_results)
+                     comma_choices, device_and_preset, header, out_dir, resolve_decode_options, step_timing,
+                     table, write_results)
 
 import specverify  # noqa: E402
 from bench_device_cycle import (PROMPT_LENS, _f, captured, make_prompts, run_spec, run_target,  # noqa: E402
@@ -137,8 +137,7 @@ def main(argv=None) -> int:
                     f"{PROMPT_LENS[1] - 1} seeded random ids, page size 1, `pad_batches=True`, CUDA graphs on",
         "Drafts": f"steered to agreement {args.agreement:g} by tests/support/steering.py (target-only pre-run "
                   f"{oracle_ms:.0f} ms, once, untimed); the steering's kernels run in every draft forward",
-        "Timing": f"per `step()`, CUDA events (host clock on the CPU); after the captures, {args.warmup} untimed "
-                  f"warm-up step(s) and {args.sync_steps} sync-counting step(s), every remaining step timed",
+        "Timing": step_timing(args),
         "Total run time": f"{time.perf_counter() - t_all:.0f} s",
     })
     lines += ["## Throughput", ""]

@@ -52,8 +52,8 @@ import sys
 import time
 
 from _common import (CAPTURES_NOTE, add_decode_options, base_parser, closing_lines,  # puts the repo root on sys.path
-                     comma_choices, device_and_preset, header, out_dir, resolve_decode_options, table,
-                     write_results)
+                     comma_choices, device_and_preset, header, out_dir, resolve_decode_options, step_timing,
+                     table, write_results)
 
 import specverify  # noqa: E402
 from bench_device_cycle import (PROMPT_LENS, _f, _yes, captured, drive, guarded, make_prompts,  # noqa: E402
@@ -277,8 +277,7 @@ def main(argv=None) -> int:
         "Modes": f"fused graph = `fused=True`, {graph_mode}; fused eager = `fused=True, cuda_graph=False`; "
                  f"unfused eager = `fused=False` (verify, accept counts read back, draft-extend over the emitted "
                  f"tokens; always eager); all `pad_batches=True`",
-        "Timing": f"per `step()`, CUDA events (host clock on the CPU); after the captures, {args.warmup} untimed "
-                  f"warm-up step(s) and {args.sync_steps} sync-counting step(s), every remaining step timed",
+        "Timing": step_timing(args),
         "Total run time": f"{time.perf_counter() - t_all:.0f} s",
     })
     lines += ["## Cycle: fused graph vs fused eager vs unfused eager", ""]
