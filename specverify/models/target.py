@@ -15,6 +15,7 @@ from specverify import dtypes
 from specverify.models import layers
 from specverify.models.config import ModelConfig
 from specverify.models.kv_cache import KVBuffers, SlotTable, StateBuffers
+from specverify.ops import mamba_state_scatter
 
 
 @dataclasses.dataclass
@@ -77,8 +78,9 @@ class TargetModel:
     def forward(self, cache: ModelCache, batch: layers.Batch, *, commit_state: bool = True) -> ForwardOutput:
         """Run the new tokens of `batch`; their K/V land in the cache at kv_lens + j.
 
-        commit_state: write each request's recurrent state after its last live token back to the
-        cache (prefill / decode). A verify passes False and commits accepted states itself.
+        commit_state: write each request's recurrent state and conv window after its last live token
+        back to the cache (prefill / decode), by `ops.mamba_state_scatter` as a verify's commit. A
+        verify passes False and commits accepted states itself.
         """
         cfg, w = self.config, self.w
         h = w["embed"][batch.input_ids]                                    # [bs, q, H]
@@ -99,17 +101,17 @@ class TargetModel:
                                          head_dim=cfg.head_dim)
             else:
                 r = self.rec_layers.index(i)
-                inter, conv_inter = rec_states[r], conv_states[r]
-                mixed = layers.recurrent(n, w, p, batch, cache.states.state[r], cache.states.conv[r], inter=inter,
-                                         conv_inter=conv_inter, num_heads=cfg.num_rec_heads, key_dim=cfg.rec_key_dim,
-                                         value_dim=cfg.rec_value_dim)
-                if commit_state:
-                    last = (batch.q_lens - 1).clamp(min=0)
-                    ar = torch.arange(inter.shape[0], device=inter.device)
-                    cache.states.state[r][batch.rows] = inter[ar, last].to(cache.states.state[r].dtype)
-                    cache.states.conv[r][batch.rows] = conv_inter[ar, last].to(cache.states.conv[r].dtype)
+                mixed = layers.recurrent(n, w, p, batch, cache.states.state[r], cache.states.conv[r],
+                                         inter=rec_states[r], conv_inter=conv_states[r], num_heads=cfg.num_rec_heads,
+                                         key_dim=cfg.rec_key_dim, value_dim=cfg.rec_value_dim)
             h = h + mixed
             h = h + layers.swiglu_mlp(h, w, p, cfg.norm_eps)
+        if commit_state and rec_states is not None:
+            # Each layer read only its own committed state above, so all commit here at once: the
+            # state after each request's last new token (a lane without new tokens commits nothing).
+            last = torch.where(batch.q_lens > 0, batch.q_lens - 1, -1)
+            for dst, src in ((cache.states.stacked, rec_states), (cache.states.conv_stacked, conv_states)):
+                mamba_state_scatter(dst=dst, src=src, dst_indices=batch.rows, step_indices=last, checked=False)
         logits = layers.rmsnorm(h, w["final_norm"], cfg.norm_eps) @ w["lm_head"]
         values, scale = deliver_logits(logits, cfg)
         return ForwardOutput(values, scale, h, rec_states, conv_states)
