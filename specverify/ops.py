@@ -18,7 +18,7 @@ from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import pick_impl
 from specverify.kernels.state_scatter import state_scatter_impl
 from specverify.kernels.tree import _raise_first
-from specverify.platform import PlatformProfile, capturing, resolve
+from specverify.platform import PlatformProfile, capturing, check_fp8_format, resolve
 
 
 LOGITS_TORCH_DTYPES = {dtypes.dtype_info(d).torch_dtype for d in dtypes.LOGITS_DTYPES}
@@ -115,7 +115,8 @@ def select_draft_topk(logits: torch.Tensor, topk: int, *, platform: PlatformProf
     that allows the argmax fast path: that first index and p = 1, no softmax. Otherwise the
     softmax path: the same order, and p = the float32 softmax of the dequantized logits
     (float32(logits) * scale) at those indices (`selection_softmax` defines the ±inf limits).
-    scale: [N, 1] float32, finite and > 0 (None = 1).
+    scale: [N, 1] float32, finite and > 0 (None = 1). platform: a named profile refuses FP8 logits
+    of a format it does not serve (ValueError), as `build_models` and `generate` do.
     """
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor [N, V], got {type(logits).__name__}")
@@ -131,7 +132,10 @@ def select_draft_topk(logits: torch.Tensor, topk: int, *, platform: PlatformProf
         raise ValueError(f"topk must be in [1, {vocab}] (the vocab size), got {topk}")
     if scale is not None:
         _check_scale(scale, logits)
-    return draft_topk(logits, topk, resolve(platform), scale)
+    profile = resolve(platform)
+    if platform is not None:     # the rule of build_models and generate: a named profile's FP8 formats only
+        check_fp8_format("logits dtype", logits.dtype, profile)
+    return draft_topk(logits, topk, profile, scale)
 
 
 def draft_topk(logits: torch.Tensor, topk: int, profile: PlatformProfile,

@@ -85,6 +85,55 @@ class ProfileUnavailable(ValueError, RuntimeError):
     RuntimeError for callers that catch environment problems)."""
 
 
+def _gpu_absence(kind: str) -> str:
+    """Why this machine has no `kind` ("cuda" / "rocm") device, in a few words for an error."""
+    native = native_platform()
+    if native != "cpu":                     # a GPU of the other kind
+        build = "HIP" if kind == "rocm" else "CUDA"
+        return f"torch drives {native} devices here; a {kind} device needs a {build} build of torch"
+    if torch.version.cuda is None and torch.version.hip is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    return "torch.cuda.is_available() is False: no GPU is visible (driver, CUDA_VISIBLE_DEVICES)"
+
+
+DEVICE_TYPES = ("cpu", "cuda")   # torch device types the models run on (a ROCm GPU is "cuda" to torch)
+
+
+def check_device(device, *, name: str = "device") -> torch.device:
+    """`device` (a str or a torch.device) as a torch.device this machine has, else the error that
+    names `name`: TypeError for another type, ValueError for a string torch does not parse or a
+    device type other than DEVICE_TYPES, ProfileUnavailable for a CUDA device that is absent (no
+    GPU at all, or an index past torch.cuda.device_count())."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be None, a str or a torch.device, got {type(device).__name__} {device!r}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{name} {device!r} is not a torch device ('cpu', 'cuda', 'cuda:0', ...)") from None
+    if dev.type not in DEVICE_TYPES:
+        raise ValueError(f"{name} must be a 'cpu' or 'cuda' device (a ROCm GPU is 'cuda' to torch), got {device!r}")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ProfileUnavailable(f"{name} {str(dev)!r} is absent: this machine has no CUDA device "
+                                     f"({_gpu_absence('cuda')}); pass {name}='cpu' (platform='cuda-emulated' "
+                                     f"or 'rocm-emulated' keeps a GPU's policies on the CPU)")
+        if dev.index is not None and dev.index >= count:
+            raise ProfileUnavailable(f"{name} {str(dev)!r} is absent: this machine has {count} CUDA device(s), "
+                                     f"indices 0 to {count - 1} (torch.cuda.device_count() is {count})")
+    return dev
+
+
+def check_fp8_format(subject: str, dtype, profile: PlatformProfile) -> None:
+    """The one FP8 policy check of the public API: ValueError when `dtype` (a dtype name or a
+    torch.dtype) is an FP8 format that `profile` does not serve. `subject` names the argument
+    the dtype came from (`logits_dtype`, `logits`, `models`); non-FP8 dtypes always pass."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    if dtype_name.startswith("float8") and not profile.supports_fp8(dtype_name):
+        raise ValueError(f"{subject} {dtype_name!r} is not an FP8 format of platform profile {profile.name!r} "
+                         f"(it serves {profile.fp8_formats})")
+
+
 def available_profiles() -> dict[str, PlatformProfile]:
     """Every profile that can run on this machine, by name."""
     return _profiles(native_platform())
@@ -102,8 +151,8 @@ def get_profile(name: str | None = None) -> PlatformProfile:
         raise ValueError(f"{source}: platform profile {name!r} is unknown; expected one of {ALL_PROFILE_NAMES}")
     profiles = available_profiles()
     if name not in profiles:
-        raise ProfileUnavailable(f"platform profile {name!r} needs a {name} device, and this machine is "
-                           f"{native_platform()!r}; emulate it with {name}-emulated")
+        raise ProfileUnavailable(f"{source}: platform profile {name!r} needs a {name} device, and this machine is "
+                                 f"{native_platform()!r} ({_gpu_absence(name)}); emulate it with {name}-emulated")
     return profiles[name]
 
 

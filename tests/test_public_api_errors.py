@@ -11,7 +11,11 @@ Two parts:
   ValueError for a value case); any other outcome -- accepted, another class, an error that does
   not name the argument, a hang -- fails, with the per-entry-point table of outcomes in the message
   (and printed: `-s` or `-rA` shows it).
-- `test_named_case`: the exact cases issue 7 lists, one named case each.
+- `test_named_case`: the exact cases issue 7 lists, one named case each, and those of issue 21
+  item 7: what the environment lacks (a CUDA device, a profile's device, an FP8 format of the
+  profile, a ring's shared-memory segment) is a clear error naming the argument, never torch's
+  AssertionError or a bare OSError. The absent device is chosen per machine (`absent_cuda_device`),
+  so the cases test something real on a CPU box and on a GPU runner alike.
 
 Derandomized; re-run one part: python -m pytest tests/test_public_api_errors.py -k "sweep and generate"
 """
@@ -22,7 +26,9 @@ import collections
 import contextlib
 import fractions
 import math
+import os
 import signal
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -34,9 +40,25 @@ import reference
 import specverify
 from specverify import dtypes
 from specverify.engine.sampling import SamplingParams
-from specverify.platform import get_profile, resolve
+from specverify import ops
+from specverify.models import TargetModel
+from specverify.platform import ENV_VAR, ProfileUnavailable, get_profile, native_platform, resolve
 from specverify.protocol import Capacity, MalformedMessage, MessageWriter, pack_header, read_message, unpack_header
-from specverify.protocol.transport import RingConsumer, RingProducer, RingSpec, TransportError
+from specverify.protocol import transport
+from specverify.protocol.transport import (RingConsumer, RingExists, RingNotFound, RingProducer, RingSpec,
+                                           RingUnavailable, TransportError, discard_ring)
+
+def absent_cuda_device() -> str:
+    """A CUDA device this machine lacks: "cuda" where torch sees no GPU (a CPU box, a CPU-only
+    build), else the index one past torch.cuda.device_count() (a GPU runner)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "cuda" if count == 0 else f"cuda:{count}"
+
+
+def absent_profile() -> str:
+    """A GPU profile whose device this machine lacks: "rocm" unless this is a ROCm box."""
+    return "cuda" if native_platform() == "rocm" else "rocm"
+
 
 EXAMPLES = 100
 SWEEP = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -291,8 +313,13 @@ BUILD_ARGS = {
     "logits_scale": (bad_real(0.0, 3.4028234663852886e38, lo_open=True, none_ok=True, extra=[1e-50, 1e39]), ("logits_scale",)),
     "logits_scale_mode": (bad_choice(dtypes.SCALE_MODES), ("logits_scale_mode",)),
     "platform": (GENERATE_ARGS["platform"][0], ("platform",)),
-    "device": (st.one_of(typed(ValueError, st.sampled_from(["gpu", "meta", "xla", "cpux", ""])),
-                         typed(TypeError, st.one_of(st.integers(), st.floats(), st.booleans()))), ("device",)),
+    "device": (st.one_of(typed(ValueError, st.sampled_from(["gpu", "meta", "xla", "cpux", "", "mps", "xpu", "hip",
+                                                            "cuda:-1", torch.device("meta")])),
+                         # absent: ProfileUnavailable, a ValueError
+                         typed(ValueError, st.sampled_from([absent_cuda_device(), torch.device(absent_cuda_device()),
+                                                            f"cuda:{max(torch.cuda.device_count(), 7)}"])),
+                         typed(TypeError, st.one_of(st.integers(), st.floats(), st.booleans(), st.just(b"cpu")))),
+               ("device",)),
 }
 
 
@@ -435,6 +462,10 @@ def test_fuzzed_messages_decode_or_raise_malformed(data):
     assert msg.bsz == 2 and msg.width == 2
 
 
+# Not a name /dev/shm can hold: empty, a '/' inside, a NUL (the OS would cut the name there), not
+# ASCII, longer than NAME_MAX.
+BAD_RING_NAMES = ["", "/", "//", "a/b", "/a/b", "a\0b", "\0", "ring\n", "é", "x" * 256, "/" + "x" * 256]
+
 TRANSPORT_ARGS = {
     "RingSpec.slots": (bad_int(1), ("slots",)),
     "RingSpec.max_message_bytes": (bad_int(1), ("max_message_bytes",)),
@@ -442,7 +473,11 @@ TRANSPORT_ARGS = {
     "send.timeout": (bad_real(0.0), ("timeout",)),
     "close.linger": (bad_real(0.0), ("linger",)),
     "attach.name": (st.one_of(typed(TypeError, st.one_of(st.integers(), st.none(), st.just(b"ring"))),
-                              typed(ValueError, st.sampled_from(["", "/"]))), ("name",)),
+                              typed(ValueError, st.sampled_from(BAD_RING_NAMES))), ("name",)),
+    "create.name": (st.one_of(typed(TypeError, st.one_of(st.integers(), st.just(b"ring"), st.just(["r"]))),
+                              typed(ValueError, st.sampled_from(BAD_RING_NAMES))), ("name",)),
+    "discard_ring.name": (st.one_of(typed(TypeError, st.one_of(st.integers(), st.none(), st.just(b"ring"))),
+                                    typed(ValueError, st.sampled_from(BAD_RING_NAMES))), ("name",)),
     "attach.producer_pid": (st.one_of(typed(TypeError, NOT_INT), typed(ValueError, st.integers(max_value=0))),
                             ("producer_pid",)),
     "send.payload": (typed(TypeError, st.one_of(st.text(max_size=3), st.integers(), st.none())), ("payload",)),
@@ -472,6 +507,10 @@ def test_sweep_transport():
                         producer.send(value, timeout=0.0)
                     elif arg == "close.linger":
                         producer.close(linger=value)
+                    elif arg == "create.name":
+                        RingProducer.create(RingSpec(1, 16), name=value).close(linger=0.0)   # (if accepted)
+                    elif arg == "discard_ring.name":
+                        discard_ring(value)
                     elif name == "name":
                         RingConsumer.attach(value)
                     else:
@@ -554,6 +593,71 @@ def _non_contiguous_garbage():
     read_message(np.arange(400, dtype=np.uint8)[::2], capacity=SMALL)
 
 
+def _fp8_logits(dtype: str) -> torch.Tensor:
+    return dtypes.quantize_fp8(torch.linspace(-3, 3, 2 * 8).reshape(2, 8), dtype, 1.0)
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def _profile_from_env_absent():
+    with _env(ENV_VAR, absent_profile()):
+        get_profile()
+
+
+def _faked_one_gpu(device: str):
+    """build_models on a machine made to report exactly one CUDA device (the index check of a
+    real GPU runner, exercised on a CPU box too)."""
+    with mock.patch.object(torch.cuda, "is_available", return_value=True), \
+            mock.patch.object(torch.cuda, "device_count", return_value=1):
+        specverify.build_models("tiny", device=device)
+
+
+def _missing_ring_name() -> str:
+    return f"specverify-absent-{os.getpid()}"
+
+
+def _attach_after_close():
+    producer = RingProducer.create(RingSpec(2, 16))
+    producer.close(linger=0.0)
+    RingConsumer.attach(producer.name)
+
+
+def _create_taken_name():
+    with RingProducer.create(RingSpec(2, 16)) as producer:
+        RingProducer.create(RingSpec(2, 16), name=producer.name).close(linger=0.0)   # (if accepted)
+
+
+def _create_too_large():
+    # 2**60 bytes: more than any /dev/shm holds and any address space maps.
+    RingProducer.create(RingSpec(1, 2**60)).close(linger=0.0)                        # (if accepted)
+
+
+def _os_refuses(error: OSError, call):
+    with mock.patch.object(transport, "SharedMemory", side_effect=error):
+        call()
+
+
+def _attach_empty_segment():
+    import _posixshmem
+    name = f"specverify-empty-{os.getpid()}"
+    os.close(_posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600))
+    try:
+        RingConsumer.attach(name)
+    finally:
+        _posixshmem.shm_unlink("/" + name)
+
+
 NAMED_CASES = {
     # silently accepted before
     "token-id-float-1.7": (lambda m: _gen(m, [[1.7, 2]]), TypeError, r"prompts\[0\]\[0\] must be an int"),
@@ -602,6 +706,61 @@ NAMED_CASES = {
                                         ValueError, r"temperature: must be >= 0, and either 0 \(greedy\) or a finite number >= 1e-200"),
     "capacity-mismatch-same-length": (lambda m: _capacity_mismatch(), MalformedMessage, "capacity mismatch"),
     "second-attach-same-process": (lambda m: _second_attach(), TransportError, "already has a consumer in this process"),
+    # what the environment lacks (issue 21 item 7): torch's AssertionError / a bare OSError before
+    "device-cuda-absent": (lambda m: specverify.build_models("tiny", device=absent_cuda_device()),
+                           ProfileUnavailable, r"device 'cuda(:\d+)?' is absent: this machine has"),
+    "device-torch-device-absent": (lambda m: specverify.build_models("tiny", device=torch.device(absent_cuda_device())),
+                                   ProfileUnavailable, r"device 'cuda(:\d+)?' is absent"),
+    "device-cuda-absent-named-platform": (lambda m: specverify.build_models("tiny", platform="cpu",
+                                                                            device=absent_cuda_device()),
+                                          ProfileUnavailable, r"device 'cuda(:\d+)?' is absent"),
+    "device-cuda-index-past-count": (lambda m: _faked_one_gpu("cuda:1"), ProfileUnavailable,
+                                     r"device 'cuda:1' is absent: this machine has 1 CUDA device\(s\), indices 0 to 0"),
+    "device-target-model-absent": (lambda m: TargetModel(m.config, m.target_weights, absent_cuda_device()),
+                                   ProfileUnavailable, r"device 'cuda(:\d+)?' is absent"),
+    "device-mps": (lambda m: specverify.build_models("tiny", device="mps"), ValueError,
+                   r"device must be a 'cpu' or 'cuda' device .*got 'mps'"),
+    "device-meta": (lambda m: specverify.build_models("tiny", device=torch.device("meta")), ValueError,
+                    r"device must be a 'cpu' or 'cuda' device"),
+    "device-bogus": (lambda m: specverify.build_models("tiny", device="bogus"), ValueError,
+                     r"device 'bogus' is not a torch device"),
+    "device-int": (lambda m: specverify.build_models("tiny", device=0), TypeError,
+                   r"device must be None, a str or a torch.device, got int"),
+    "platform-device-absent": (lambda m: specverify.build_models("tiny", platform=absent_profile()),
+                               ProfileUnavailable, r"platform: platform profile '(rocm|cuda)' needs a \w+ device"),
+    "platform-env-device-absent": (lambda m: _profile_from_env_absent(), ProfileUnavailable,
+                                   rf"{ENV_VAR}: platform profile '(rocm|cuda)' needs a \w+ device"),
+    "select-topk-e4m3fn-rocm-emulated": (lambda m: ops.select_draft_topk(_fp8_logits("float8_e4m3fn"), 2,
+                                                                         platform="rocm-emulated"),
+                                         ValueError, r"logits dtype 'float8_e4m3fn' is not an FP8 format of platform "
+                                                     r"profile 'rocm-emulated' \(it serves \('float8_e4m3fnuz', "
+                                                     r"'float8_e5m2fnuz'\)\)"),
+    "select-topk-fnuz-cuda-emulated-fast-path": (lambda m: ops.select_draft_topk(_fp8_logits("float8_e5m2fnuz"), 1,
+                                                                                 platform=get_profile("cuda-emulated")),
+                                                 ValueError, r"logits dtype 'float8_e5m2fnuz' is not an FP8 format of "
+                                                             r"platform profile 'cuda-emulated'"),
+    "ring-attach-missing": (lambda m: RingConsumer.attach(_missing_ring_name()), RingNotFound,
+                            r"ring name 'specverify-absent-\d+': no such ring"),
+    "ring-attach-after-close": (lambda m: _attach_after_close(), RingNotFound, r"ring name '.*': no such ring"),
+    "ring-create-name-taken": (lambda m: _create_taken_name(), RingExists, r"ring name '.*' is taken"),
+    "ring-create-too-large": (lambda m: _create_too_large(), RingUnavailable,
+                              r"spec RingSpec\(slots=1, .*\) needs \d+ bytes of shared memory .* but "),
+    "ring-attach-permission": (lambda m: _os_refuses(PermissionError(13, "Permission denied"),
+                                                     lambda: RingConsumer.attach("specverify-theirs")),
+                               RingUnavailable, r"ring name 'specverify-theirs': permission denied"),
+    "ring-create-os-refuses": (lambda m: _os_refuses(OSError(12, "Cannot allocate memory"),
+                                                     lambda: RingProducer.create(RingSpec(1, 16), name="specverify-x")),
+                               RingUnavailable, r"ring name 'specverify-x': the OS refused .*Cannot allocate memory"),
+    "ring-attach-empty-segment": (lambda m: _attach_empty_segment(), TransportError,
+                                  r"shared memory 'specverify-empty-\d+' is not a specverify ring"),
+    "ring-name-slash": (lambda m: RingConsumer.attach("a/b"), ValueError, r"name must be printable ASCII without '/'"),
+    "ring-name-nul": (lambda m: RingProducer.create(RingSpec(1, 16), name="ring\0x").close(linger=0.0), ValueError,
+                      r"name must be printable ASCII"),
+    "ring-name-too-long": (lambda m: RingConsumer.attach("x" * 256), ValueError,
+                           r"name must be at most 255 characters .*got 256"),
+    "ring-create-name-int": (lambda m: RingProducer.create(RingSpec(1, 16), name=7), TypeError,
+                             r"name must be None \(a free name is picked\) or a str, got int"),
+    "ring-discard-name-int": (lambda m: discard_ring(7), TypeError, r"name must be a str"),
 }
 
 
@@ -611,6 +770,26 @@ def test_named_case(case, models):
     with hang_guard(10.0):
         with pytest.raises(error, match=match):
             call(models)
+
+
+def test_absent_things_are_absent_here():
+    """The named cases' absent device and profile really are absent on this machine, and a
+    present device is accepted (the check refuses only what is missing)."""
+    device = torch.device(absent_cuda_device())
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert count == 0 or device.index >= count
+    assert absent_profile() not in specverify.platform.available_profiles()
+    present = "cuda:0" if count else "cpu"
+    assert specverify.platform.check_device(present) == torch.device(present)
+
+
+def test_missing_ring_errors_are_os_errors_too():
+    """RingNotFound / RingExists stay FileNotFoundError / FileExistsError (callers that caught the
+    OS error keep working), and every ring error is a TransportError."""
+    assert issubclass(RingNotFound, FileNotFoundError) and issubclass(RingExists, FileExistsError)
+    assert all(issubclass(e, TransportError) and issubclass(e, OSError)
+               for e in (RingUnavailable, RingNotFound, RingExists))
+    assert discard_ring(_missing_ring_name()) is False
 
 
 def test_smallest_temperature_samples_identically_on_both_sides(models):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specverify import dtypes
 from specverify.engine.logprobs import LogprobChannel
 from specverify.engine.requests import GenerationOutput, check_prompts, new_requests
 from specverify.engine.sampling import SamplingParams
@@ -16,7 +15,7 @@ from specverify.engine.spec_config import SpecConfig
 from specverify.engine.speculative import generate_speculative
 from specverify.engine.target_only import generate_target_only
 from specverify.models import ModelConfig
-from specverify.platform import PlatformProfile, resolve
+from specverify.platform import PlatformProfile, check_fp8_format, resolve
 from specverify.validation import check_int
 
 
@@ -96,9 +95,8 @@ def check_generate_args(models, *, spec, seed, logprobs, eos_token_id, page_size
     if platform is not None and not isinstance(platform, (PlatformProfile, str)):
         raise TypeError(f"platform must be None, a profile name or a PlatformProfile, got {type(platform).__name__}")
     profile = resolve(platform)   # an unknown name is a ValueError here, on every path
-    if platform is not None and dtypes.dtype_info(cfg.logits_dtype).is_fp8 and not profile.supports_fp8(cfg.logits_dtype):
-        raise ValueError(f"logits dtype {cfg.logits_dtype!r} of these models is not an FP8 format of platform "
-                         f"profile {profile.name!r} (it serves {profile.fp8_formats})")
+    if platform is not None:
+        check_fp8_format("models: logits dtype", cfg.logits_dtype, profile)
     return cfg
 
 

@@ -91,7 +91,7 @@ def check_build_args(*, preset, seed, hybrid, compute_dtype, logits_dtype, logit
                      platform, device, compute_dtypes, logits_dtypes, scale_modes):
     """Validate `build_models` arguments up front (TypeError for types, ValueError for values).
     Returns the platform profile whose FP8 policy was enforced (None when none was named)."""
-    from specverify.platform import PlatformProfile, resolve
+    from specverify.platform import PlatformProfile, check_device, check_fp8_format, resolve
     from specverify.validation import check_bool, check_choice, check_int, check_real
 
     check_choice("preset", preset, ("tiny", "small"))
@@ -109,19 +109,10 @@ def check_build_args(*, preset, seed, hybrid, compute_dtype, logits_dtype, logit
     if platform is not None and not isinstance(platform, (PlatformProfile, str)):
         raise TypeError(f"platform must be None, a profile name or a PlatformProfile, got {type(platform).__name__}")
     profile = resolve(platform) if platform is not None else None
-    if profile is not None and logits_dtype.startswith("float8") and not profile.supports_fp8(logits_dtype):
-        raise ValueError(f"logits_dtype {logits_dtype!r} is not an FP8 format of platform profile {profile.name!r} "
-                         f"(it serves {profile.fp8_formats})")
+    if profile is not None:
+        check_fp8_format("logits_dtype", logits_dtype, profile)
     if device is not None:
-        import torch
-        if not isinstance(device, (str, torch.device)):
-            raise TypeError(f"device must be None, a str or a torch.device, got {type(device).__name__}")
-        try:
-            kind = torch.device(device).type
-        except RuntimeError:
-            raise ValueError(f"device {device!r} is not a torch device ('cpu', 'cuda', 'cuda:0', ...)") from None
-        if kind not in ("cpu", "cuda"):
-            raise ValueError(f"device must be a 'cpu' or 'cuda' device, got {device!r}")
+        check_device(device)     # TypeError / ValueError / ProfileUnavailable naming `device`
     return profile
 
 

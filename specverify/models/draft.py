@@ -18,6 +18,7 @@ import torch
 from specverify.models import layers
 from specverify.models.config import ModelConfig
 from specverify.models.target import ForwardOutput, ModelCache, deliver_logits
+from specverify.platform import check_device
 
 
 class DraftHead:
@@ -26,9 +27,9 @@ class DraftHead:
         """kv_layer: the layer of the cache's draft K/V buffers this head owns (an MTP draft has
         one head per step, each with its own layer)."""
         self.config = config
-        self.device = torch.device(device)
+        self.device = check_device(device)
         self.kv_layer = kv_layer
-        self.w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        self.w = {k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()}
         # Shared with the target, as EAGLE heads share the embedding and lm_head. A DFlash head
         # adds its mask embedding as one more row: token id vocab_size is "not known yet".
         self.embed = target_w["embed"]

@@ -16,6 +16,7 @@ from specverify.models import layers
 from specverify.models.config import ModelConfig
 from specverify.models.kv_cache import KVBuffers, SlotTable, StateBuffers
 from specverify.ops import mamba_state_scatter
+from specverify.platform import check_device
 
 
 @dataclasses.dataclass
@@ -47,7 +48,7 @@ def deliver_logits(logits: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor
 class TargetModel:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device="cpu"):
         self.config = config
-        self.device = torch.device(device)
+        self.device = check_device(device)
         self.dtype = dtypes.dtype_info(config.compute_dtype).torch_dtype
         self.w = {k: v.to(device=self.device, dtype=self.dtype) for k, v in weights.items()}
         self.attn_layers = [i for i, k in enumerate(config.layer_kinds) if k == "attention"]

@@ -51,6 +51,11 @@ Faults and how the consumer sees them:
                        `abort`): a failed stream is never mistaken for a clean end
     TransportTimeout   a wait ran out of time; the message names the wait
 
+What the machine refuses surfaces as `RingUnavailable` (a TransportError and an OSError): its
+subclasses `RingNotFound` (attach to a name no segment has: never created, or already closed) and
+`RingExists` (create with a name that is taken); a permission error, or a ring larger than the
+free room of /dev/shm, is a plain `RingUnavailable`. A malformed name is a ValueError naming `name`.
+
 Memory ordering: CPython performs these stores and loads in program order and x86 keeps stores
 in order and loads in order (TSO), which is all the protocol needs. Weakly ordered CPUs (ARM)
 would need fences that Python cannot express; the seqlock re-check and the crc still catch a
@@ -93,6 +98,9 @@ __all__ = [
     "ProducerDied",
     "ProducerAborted",
     "TransportTimeout",
+    "RingUnavailable",
+    "RingNotFound",
+    "RingExists",
 ]
 
 MAGIC = int.from_bytes(b"SVRING01", "little")
@@ -145,6 +153,19 @@ class TransportTimeout(TransportError, TimeoutError):
     """A wait for a message or for a free slot ran out of time."""
 
 
+class RingUnavailable(TransportError, OSError):
+    """The machine refuses the ring's shared-memory segment: missing, taken, not permitted, or no
+    room for it. Also an OSError, for callers that catch what the environment lacks."""
+
+
+class RingNotFound(RingUnavailable, FileNotFoundError):
+    """No segment has this ring name: never created, or its producer closed (unlinked) it."""
+
+
+class RingExists(RingUnavailable, FileExistsError):
+    """`create` with a ring name that another segment already has."""
+
+
 def _is_int(x) -> bool:
     """Python ints and numpy integers; never a bool (an int is an int, not a bool or a float)."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool) and type(x).__name__ != "bool_"
@@ -159,6 +180,32 @@ def _check_seconds(name: str, value) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     return value
+
+
+NAME_MAX = 255              # bytes of a name in /dev/shm (Linux NAME_MAX), after the leading '/'
+SHM_DIR = "/dev/shm"        # where POSIX shared memory lives on Linux (its free room bounds a ring)
+
+
+def _check_name(name, *, none_ok: bool = False) -> str | None:
+    """A ring name: printable ASCII, 1 to NAME_MAX characters after any leading '/', no other '/'.
+    TypeError for a non-string, ValueError naming `name` and the bound otherwise (the OS would
+    answer a bare OSError, or silently cut the name at a NUL)."""
+    if name is None and none_ok:
+        return None
+    if not isinstance(name, str):
+        what = "None (a free name is picked) or a str" if none_ok else "a str (the producer's .name)"
+        raise TypeError(f"name must be {what}, got {type(name).__name__} {name!r}")
+    bare = name.lstrip("/")
+    if not bare:
+        raise ValueError(f"name must be a non-empty ring name (the producer's .name), got {name!r}")
+    bad = sorted({c for c in bare if c == "/" or not " " <= c <= "~"})
+    if bad:
+        raise ValueError(f"name must be printable ASCII without '/' after the leading one (a file name in "
+                         f"{SHM_DIR}), got {name!r} with {''.join(bad)!r}")
+    if len(bare) > NAME_MAX:
+        raise ValueError(f"name must be at most {NAME_MAX} characters after the leading '/' (NAME_MAX of "
+                         f"{SHM_DIR}), got {len(bare)}")
+    return name
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -196,12 +243,48 @@ class RingSpec:
 
 
 def _open_shm(name: str | None, *, create: bool, size: int = 0) -> SharedMemory:
-    """Create or attach a segment that the resource tracker does not follow."""
-    if sys.version_info >= (3, 13):
-        return SharedMemory(name, create=create, size=size, track=False)
-    shm = SharedMemory(name, create=create, size=size)
+    """Create or attach a segment that the resource tracker does not follow. What the OS refuses
+    is a RingUnavailable naming the ring (never a bare OSError)."""
+    segment = f"{SHM_DIR}/{name.lstrip('/')}" if name else f"{SHM_DIR}/psm_* (name=None)"
+    try:
+        if sys.version_info >= (3, 13):
+            return SharedMemory(name, create=create, size=size, track=False)
+        shm = SharedMemory(name, create=create, size=size)
+    except FileNotFoundError:
+        raise RingNotFound(f"ring name {name!r}: no such ring (no segment {segment}); it was never created, "
+                           f"or its producer closed it (close unlinks the name)") from None
+    except FileExistsError:
+        raise RingExists(f"ring name {name!r} is taken: the segment {segment} exists; pass name=None for a "
+                         f"free one, or discard_ring(name) if a dead producer left it") from None
+    except PermissionError:
+        raise RingUnavailable(f"ring name {name!r}: permission denied on the segment {segment} (it belongs "
+                              f"to another user)") from None
+    except OSError as e:
+        raise RingUnavailable(f"ring name {name!r}: the OS refused the segment {segment} "
+                              f"({e.strerror or e})") from None
+    except ValueError as e:                 # attach: mmap of an empty segment, another program's
+        if create:
+            raise
+        raise TransportError(f"shared memory {name!r} is not a specverify ring ({e})") from None
     resource_tracker.unregister(shm._name, "shared_memory")   # balance the constructor's register
     return shm
+
+
+def _check_room(spec: RingSpec) -> None:
+    """RingUnavailable naming `spec` when the segment would not fit in the free room of SHM_DIR:
+    the mapping would succeed (the file is sparse), then a send would die of SIGBUS."""
+    limit, where = sys.maxsize, f"a segment holds at most {sys.maxsize} bytes"
+    try:
+        st = os.statvfs(SHM_DIR)
+        if st.f_bavail * st.f_frsize < limit:
+            limit = st.f_bavail * st.f_frsize
+            where = f"{SHM_DIR} has {limit} bytes free"
+    except (OSError, AttributeError):       # no /dev/shm (not Linux): only the address space bounds it
+        pass
+    if spec.total_bytes > limit:
+        raise RingUnavailable(f"spec {spec} needs {spec.total_bytes} bytes of shared memory ({spec.slots} slot(s) "
+                              f"of {spec.slot_bytes} bytes and a {HEADER_BYTES}-byte header), but {where}: lower "
+                              f"slots or max_message_bytes")
 
 
 def _unlink(shm: SharedMemory) -> None:
@@ -212,9 +295,10 @@ def _unlink(shm: SharedMemory) -> None:
 
 def discard_ring(name: str) -> bool:
     """Unlink the segment `name` left behind by a producer that died; False if it is gone."""
+    _check_name(name)
     try:
         shm = _open_shm(name, create=False)
-    except FileNotFoundError:
+    except RingNotFound:
         return False
     shm.close()
     _unlink(shm)
@@ -297,6 +381,8 @@ class RingProducer(_Ring):
         """Create a ring segment (`name=None` picks a free one; read it back from `.name`)."""
         if not isinstance(spec, RingSpec):
             raise TypeError(f"spec must be a RingSpec, got {type(spec).__name__}")
+        _check_name(name, none_ok=True)
+        _check_room(spec)
         ring = cls(_open_shm(name, create=True, size=spec.total_bytes), spec)
         words = ring._words
         words[_VERSION] = VERSION
@@ -413,10 +499,7 @@ class RingConsumer(_Ring):
 
         `producer_pid` overrides the pid the producer recorded; its liveness is what turns a
         wait for a message that will never come into `ProducerDied`."""
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str (the producer's .name), got {type(name).__name__} {name!r}")
-        if not name.strip("/"):
-            raise ValueError(f"name must be a non-empty ring name (the producer's .name), got {name!r}")
+        _check_name(name)
         if producer_pid is not None and not _is_int(producer_pid):
             raise TypeError(f"producer_pid must be None or an int, got {type(producer_pid).__name__} {producer_pid!r}")
         if producer_pid is not None and producer_pid < 1:
