@@ -183,3 +183,152 @@ def test_broken_impl_fails_and_its_replay_command_reruns_one_sample():
     ok = _pytest([*args, "-s"], "tests.support.example_impl:IMPL")
     oout = ok.stdout + ok.stderr
     assert ok.returncode == 0 and "1 passed" in oout and f"ran 1 sample: {sample}(" in oout, oout[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Golden inputs are a pure function of the seed, the catalogue and the library versions
+# (tests/meta/test_golden_portability.py regenerates them under several instruction sets; these
+# are the static halves: no inexact call in a generator, no shape from a kernel constant).
+
+GENERATOR_SOURCES = ("tests/support/registry.py", "tests/support/strategies.py", "tests/support/cases.py",
+                     "tests/support/golden_catalogue.py")
+UNINITIALIZED = ("empty", "empty_like", "new_empty", "empty_strided")
+INEXACT = {
+    **{name: "reads uninitialized memory" for name in UNINITIALIZED},
+    **{name: "draws floats with vectorized math (Box-Muller, SIMD log / sin / cos): last bits per instruction set"
+       for name in ("randn", "randn_like", "rand", "rand_like", "normal", "normal_", "uniform_", "exponential_",
+                    "cauchy_", "log_normal_", "standard_normal", "random", "uniform")},
+    **{name: "float transcendental: SLEEF SIMD and libm round its last bit differently"
+       for name in ("softmax", "log_softmax", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos",
+                    "tan", "tanh", "sigmoid", "pow", "erf", "logsumexp")},
+    "get_num_threads": "depends on the machine's thread count",
+}
+
+
+def _inexact_calls(path: str) -> list[str]:
+    import ast
+    tree = ast.parse((ROOT / path).read_text(), filename=path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name in INEXACT:
+                found.append(f"{path}:{node.lineno}: {ast.unparse(func)}(...) {INEXACT[name]}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specverify.kernels"):
+            found += [f"{path}:{node.lineno}: imports {node.module}.{a.name}: a kernel tuning constant"
+                      for a in node.names if "BLOCK" in a.name]
+        elif isinstance(node, ast.Attribute) and "BLOCK" in node.attr and node.attr.isupper():
+            found.append(f"{path}:{node.lineno}: reads {ast.unparse(node)}: a kernel tuning constant")
+    return sorted(found, key=lambda f: int(f.split(":")[1]))
+
+
+def test_input_generators_make_floats_exactly():
+    found = [f for path in GENERATOR_SOURCES for f in _inexact_calls(path)]
+    assert not found, ("golden inputs must be a pure function of the seed, the catalogue and the library versions; "
+                       "build floats with tests/support/strategies.py's exact building blocks (integer draws, exact "
+                       "arithmetic, one rounding by S.cast):\n" + "\n".join(found))
+
+
+def test_the_scan_sees_what_it_refuses(tmp_path, monkeypatch):
+    bad = tmp_path / "gen.py"
+    bad.write_text("import torch\nfrom specverify.kernels.attention import BLOCK_N\nfrom specverify.kernels import argmax\n"
+                   "x = torch.empty(3)\ny = torch.randn(20, generator=g)\nz = x.softmax(-1)\nb = argmax.ARGMAX_BLOCK\n"
+                   "n = torch.get_num_threads()\nok = torch.randint(0, 9, (3,)).double() / 4\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = _inexact_calls("gen.py")
+    assert [f.split(":")[1] for f in found] == ["2", "4", "5", "6", "7", "8"], found
+    assert "torch.empty(...) reads uninitialized memory" in found[1], found
+
+
+def _boundary_lengths(op_name: str) -> set[int]:
+    """The KV lengths the op's boundary samples hold: live lengths (paged attention), list lengths
+    (indexed attention), a request's entries 2 L + 3 (the naive-EAGLE index lists)."""
+    out = set()
+    for s in R.REGISTRY[op_name].samples(_first_dtype(R.REGISTRY[op_name]), 0):
+        if not s.name.startswith("boundary-"):
+            continue
+        a = s.args
+        if "kv_lens" in a:
+            out |= {int(k + q) for k, q in zip(a["kv_lens"], a["q_lens"])}
+        elif "kv_indptr" in a and "q" in a:
+            out |= {int(b - e) for e, b in zip(a["kv_indptr"][:-1], a["kv_indptr"][1:])}
+        elif "seq_lens" in a:
+            out |= {2 * int(n) + 3 for n in a["seq_lens"]}
+    return out
+
+
+def test_kernel_block_sizes_are_straddled_by_boundary_samples():
+    """A kernel's KV block size must sit among the sizes the boundary samples straddle (lengths
+    b - 1, b, b + 1), which are data of the registry: a retune fails here instead of rewriting
+    golden inputs from the kernel's constant."""
+    from specverify.kernels import attention, draft_kv_indices, indexed_attention
+    for b in R.KV_BLOCK_SIZES:
+        for op in ("paged_attention", "paged_attention_triton", "decode_attention_indexed",
+                   "decode_attention_indexed_triton"):
+            missing = {b - 1, b, b + 1} - _boundary_lengths(op)
+            assert not missing, f"{op}: no boundary sample of length {sorted(missing)} around KV block size {b}"
+    problems = []
+    for module, ops_ in ((attention, ("paged_attention", "paged_attention_triton")),
+                         (indexed_attention, ("decode_attention_indexed", "decode_attention_indexed_triton"))):
+        if module.BLOCK_N not in R.KV_BLOCK_SIZES:
+            problems.append(f"{module.__name__}.BLOCK_N = {module.BLOCK_N} is not among the KV block sizes the "
+                            f"boundary samples of {', '.join(ops_)} straddle, tests/support/registry.py KV_BLOCK_SIZES "
+                            f"= {R.KV_BLOCK_SIZES}: add it there (a group of ATTN_BOUNDARY_LIVE too), then "
+                            f"regenerate the goldens (python -m specverify golden regen)")
+    copy = draft_kv_indices.BLOCK_N
+    if not {copy - 1, copy + 1} <= _boundary_lengths("create_draft_kv_indices_triton"):
+        problems.append(f"{draft_kv_indices.__name__}.BLOCK_N = {copy}: the boundary samples of "
+                        f"create_draft_kv_indices_triton hold no request of {copy - 1} and {copy + 1} list entries "
+                        f"(2 L + 3; sample boundary-list-at-copy-block in tests/support/registry.py)")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_golden_size_cap_drops_no_edge_case():
+    """Every named edge case (nan / empty / ulp / boundary) reaches its op golden: none is left out
+    for size (tests/support/golden_catalogue.py MAX_SAMPLE_BYTES)."""
+    from tests.support import golden_catalogue as cat
+    dropped = []
+    for case in cat.OP_CASES:
+        skipped = case.build()[1]["skipped_samples"]
+        dropped += [f"{case.name}: {s}" for s in skipped if any(k in s.split(":", 1)[1] for k in R.EDGE_KINDS)]
+    assert not dropped, "edge cases left out of their goldens for size:\n" + "\n".join(dropped)
+
+
+def test_half_temperature_hits_the_min_p_boundary_exactly():
+    """HALF_TEMPERATURE's (x, T): x * float32(scale) / T is float64's -ln 2, whose exp is 0.5 in
+    the reference's math.exp and in torch, so the min-p boundary is met exactly."""
+    import math
+    for kind, (x, t) in R.HALF_TEMPERATURE.items():
+        q = x * float(np.float32(float(kind))) / t
+        assert float(np.float32(x)) == x, f"scale {kind}: x = {x!r} is not a float32 value"
+        assert q == -0.6931471805599453, f"scale {kind}: x * scale / T = {q!r}"
+        assert math.exp(q) == 0.5 and float(torch.exp(torch.tensor(q, dtype=torch.float64))) == 0.5, \
+            f"scale {kind}: exp({q!r}) is not 0.5 here: the min-p boundary sample no longer sits on the boundary"
+
+
+def test_exact_building_blocks():
+    from tests.support import strategies as S
+    assert S.QUARTER_POW2 == tuple(round(2**20 * 2 ** (j / 4)) for j in range(4))
+    x = torch.tensor([[-8.0, -0.25, 0.0, 0.25, 1.0, 7.75, 8.0, 3.5000002]])
+    w = S.pow2_weights(x)
+    assert w[0, 2] == 2**28 and w[0, 4] == 2**29 and w[0, 0] == 2**20 and w[0, 6] == 2**36
+    assert w[0, 3] == S.QUARTER_POW2[1] << 8 and w[0, 1] == S.QUARTER_POW2[3] << 7
+    assert w[0, 7] == S.pow2_weights(torch.tensor([3.5]))[0]            # rounded down to the quarter grid
+    with pytest.raises(ValueError, match="finite and in"):
+        S.pow2_weights(torch.tensor([8.25]))
+    p = S.pow2_probs(torch.tensor([[0.0, 1.0, 1.0, float("nan")], [0.0, 1.0, 1.0, 2.0]]))
+    assert torch.isnan(p[0]).all() and p[1].tolist() == [1 / 9, 2 / 9, 2 / 9, 4 / 9]
+    gen = torch.Generator().manual_seed(0)
+    n = S.normalish(gen, (4000,))
+    assert abs(float(n.mean())) < 0.1 and abs(float(n.std()) - 1) < 0.1 and bool((n.float().double() == n).all())
+    u = S.unit_floats(gen, (1000,))
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    b = S.binade_rows(gen, 2, 500, -11, 9)
+    mags = b.abs()
+    assert float(mags.min()) >= 2.0**-11 and float(mags.max()) < 2.0**10 and bool((b < 0).any() and (b > 0).any())
+    for dt, (bits_dtype, bits) in S.CANONICAL_NAN.items():
+        y = S.cast(torch.tensor([float("nan"), -float("nan"), 1.5]), dt)
+        assert y.view(bits_dtype)[:2].tolist() == [bits, bits] and float(y[2]) == 1.5
+    draws = S.draw_from_weights(gen, torch.tensor([[1, 0, 3]] * 4000))
+    assert set(draws.tolist()) == {0, 2} and 0.7 < float((draws == 2).double().mean()) < 0.8

@@ -18,6 +18,7 @@ torch.as_tensor). An op the object lacks is skipped with a reason naming the mis
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import struct
@@ -36,9 +37,7 @@ from specverify.validation import import_named
 from specverify.engine.logprobs import logprob_rows
 from specverify.engine.sampling import SamplingParams, sample_from_probs, sampling_probs
 from specverify.kernels.argmax import row_argmax
-from specverify.kernels.attention import BLOCK_N as ATTENTION_BLOCK_N
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
-from specverify.kernels.indexed_attention import BLOCK_N as INDEXED_ATTENTION_BLOCK_N
 from specverify.kernels.state_scatter import state_scatter_impl
 from specverify.kernels.tree import build_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_naive, verify_stochastic
@@ -52,6 +51,11 @@ IMPL_ENV = "SPECVERIFY_IMPL"
 SAMPLE_OPTION = "--sv-sample"
 # Every op carries named edge cases of these kinds (tests/meta/test_registry.py checks it).
 EDGE_KINDS = ("nan", "empty", "ulp", "boundary")
+# Sample generators make their values with tests/support/strategies.py's exact building blocks
+# (integer draws, exact arithmetic, one rounding to the dtype): the op goldens store them, and a
+# golden must be a pure function of the seed, the catalogue and the library versions
+# (tests/meta/test_golden_portability.py runs the generators under several CPU instruction sets).
+# A shape is data of this file, never a kernel's tuning constant (KV_BLOCK_SIZES below).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,8 +323,9 @@ def _select_errors():
 
 
 def _tree_inputs(seed, bs, topk, steps, d, vocab, kind: str = "tree") -> SampleInput:
-    """kind: "tree" (softmax of grid logits: exact ties), "nan" (some probabilities NaN), "ulp"
-    (the best probabilities float32 neighbours), "boundary" (the best token at index 0 or V-1)."""
+    """kind: "tree" (softmax-like distributions of grid levels: exact ties), "nan" (some
+    probabilities NaN), "ulp" (the best probabilities float32 neighbours), "boundary" (the best
+    token at index 0 or V-1)."""
     gen = torch.Generator().manual_seed(seed)
     dists = [S.probs_from(gen, (bs, 1 if i == 0 else topk), vocab) for i in range(steps)]
     for dist in dists:
@@ -410,7 +415,9 @@ def _ref_trees(seed, bs, topk, steps, d, vocab):
 
 def _verify_sample(name, seed, shape, dtype, vocab=19, plant=True, kind="plain"):
     """kind: "plain"; "nan" (NaN entries in some target rows); "ulp" (a planted token only one
-    float32 ulp above a rival); "boundary" (tokens 0 and V-1 planted)."""
+    float32 ulp above a rival); "boundary" (tokens 0 and V-1 planted). The target probabilities
+    follow the logits: p ∝ 2**x (`S.pow2_probs`, softmax-like; a row holding a NaN is NaN); for
+    "boundary" tokens 0 and V-1 each get the whole row's weight on top of their own."""
     bs, topk, steps, d = shape
     tree, s = _ref_trees(seed, bs, topk, steps, d, vocab)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -423,7 +430,7 @@ def _verify_sample(name, seed, shape, dtype, vocab=19, plant=True, kind="plain")
         for b in range(bs):
             for j in range(1, d):
                 par = int(tree["parents"][b, j])
-                if par >= 0 and torch.rand((), generator=gen) < 0.6:
+                if par >= 0 and bool(S.coins(gen, (), 0.6)):
                     x[b, par, :] = torch.where(x[b, par] >= 3.0, 2.0, x[b, par])
                     x[b, par, int(tree["tokens"][b, j])] = 3.5
                     if kind == "ulp":
@@ -433,13 +440,16 @@ def _verify_sample(name, seed, shape, dtype, vocab=19, plant=True, kind="plain")
     if kind == "nan":
         x[:, ::2, torch.randint(0, vocab, (1,), generator=gen)] = float("nan")
     values, scale = S.as_logits_dtype(x.reshape(bs * d, vocab), dtype)
-    coins = torch.rand((bs, d), generator=gen, dtype=torch.float64)
-    final = torch.rand((bs,), generator=gen, dtype=torch.float64)
-    probs = torch.softmax(x.double() * 0.7, dim=-1)
+    coins = S.unit_floats(gen, (bs, d))
+    final = S.unit_floats(gen, (bs,))
     if kind == "boundary":
-        probs[..., 0] += 1.0
-        probs[..., -1] += 1.0
-        probs = probs / probs.sum(-1, keepdim=True)
+        w = S.pow2_weights(x)
+        total = w.sum(-1)
+        w[..., 0] += total
+        w[..., -1] += total
+        probs = S.probs_from_weights(w)
+    else:
+        probs = S.pow2_probs(x)
     return SampleInput(name, {"tree": tree, "logits": values.view(bs, d, vocab), "steps": steps,
                               "probs": probs, "coins": coins, "final": final}, seed)
 
@@ -563,17 +573,18 @@ def _naive_sample(name, seed, probs, draft, coin, final, *, q=None, p=None):
 
 
 def _naive_random(name, seed, bs, vocab, exact: bool, agree: float = 0.5):
-    """Target rows from tie-heavy logits; the draft's q a sharper or flatter copy of p_0 (so the
-    ratio p_0(d) / q(d) lands on both sides of the coin), d drawn from q."""
+    """Target rows from tie-heavy logits x, p ∝ 2**x (`S.pow2_probs`, softmax-like); the draft's q
+    the same or a sharper copy of p_0 (q ∝ 2**(t x), t = 1 with probability `agree`, else 2.5), so
+    the ratio p_0(d) / q(d) lands on both sides of the coin; d drawn from q (exact inverse CDF)."""
     gen = torch.Generator().manual_seed(seed)
     x = S.tie_heavy_rows(gen, bs * 2, vocab).view(bs, 2, vocab).double()
-    probs = torch.softmax(x * 0.7, -1)
-    temper = torch.where(torch.rand((bs, 1), generator=gen) < agree, 1.0, 2.5).double()
-    q = torch.softmax(x[:, 0] * 0.7 * temper, -1)
-    u0 = torch.rand(bs, generator=gen, dtype=torch.float64)
-    draft = (torch.cumsum(q, -1) <= u0[:, None] * q.sum(-1, keepdim=True)).sum(-1).clamp(max=vocab - 1)
-    coin = torch.rand(bs, generator=gen, dtype=torch.float64)
-    final = torch.rand(bs, generator=gen, dtype=torch.float64)
+    probs = S.pow2_probs(x)
+    temper = torch.where(S.coins(gen, (bs, 1), agree), 1.0, 2.5).double()
+    wq = S.pow2_weights(x[:, 0] * temper)
+    q = S.probs_from_weights(wq)
+    draft = S.draw_from_weights(gen, wq)
+    coin = S.unit_floats(gen, (bs,))
+    final = S.unit_floats(gen, (bs,))
     if exact:
         return _naive_sample(name, seed, probs, draft, coin, final, q=q)
     return _naive_sample(name, seed, probs, draft, coin, final, p=q.gather(1, draft[:, None])[:, 0])
@@ -600,7 +611,7 @@ def _naive_samples(dtype: str, seed: int):
     yield _naive_sample("nan-ratio-q-zero", seed, probs, [0, 0], [0.7, 0.7], [0.5, 0.5],
                         q=torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64))
     # p_0 == q: the ratio is 1, every coin accepts.
-    same = torch.softmax(torch.arange(6, dtype=torch.float64), 0)
+    same = S.pow2_probs(torch.arange(6, dtype=torch.float64))
     yield _naive_sample("boundary-p-equals-q", seed, torch.stack([same, same])[None].repeat(3, 1, 1), [5, 0, 3],
                         [0.0, 0.5, float(np.nextafter(1.0, 0.0))], [0.1, 0.6, 0.99], q=same[None].repeat(3, 1))
     # Tokens 0 and V-1; a final landing exactly on a running sum of the residual passes it.
@@ -664,23 +675,13 @@ def _sampling_ref(s: SampleInput) -> dict:
     return {"p": torch.tensor(rows, dtype=torch.float64).view(a["logits"].shape)}
 
 
-def _half_temperature(scale: float) -> tuple[float, float]:
-    """(x, T): a float32 logit x near -1 and a temperature T with exp(x * scale / T) == 0.5 exactly
-    in float64 (in math and in torch), so the probabilities of the logits [0, x] are exactly 2/3
-    and 1/3 = 0.5 * 2/3: the min-p boundary p == min_p * max(p) with min_p 0.5, hit exactly."""
-    import math
-    s = float(np.float32(scale))
-    x = -1.0
-    for _ in range(64):
-        z = x * s                                   # the float64 dequantization: exact
-        t = -z / math.log(2.0)
-        for _ in range(8):
-            q = z / t
-            if math.exp(q) == 0.5 and float(torch.exp(torch.tensor(q, dtype=torch.float64))) == 0.5:
-                return x, t
-            t = float(np.nextafter(t, np.inf))
-        x = float(np.nextafter(np.float32(x), np.float32(0)))
-    raise AssertionError(f"no temperature found for scale {scale}")
+# scale -> (x, T): a float32 logit x near -1 and a temperature T with x * float32(scale) / T ==
+# -0.6931471805599453 (float64's -ln 2) in float64, whose exp is 0.5 exactly, so the probabilities of
+# the logits [0, x] are exactly 2/3 and 1/3 = 0.5 * 2/3: the min-p boundary p == min_p * max(p) with
+# min_p 0.5, hit exactly. Data, not a search over exp at generation time (exp's last bit is the
+# platform's); tests/meta/test_registry.py checks that math.exp and torch.exp still give 0.5.
+HALF_TEMPERATURE = {"1": (-1.0, 1.4426950408889634), "0.37": (-1.0, 0.5337971720082225),
+                    "3.5": (-0.9999999403953552, 5.049432342141733)}
 
 
 def _sampling_sample(name, x, dtype, seed, scale_kind, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
@@ -708,8 +709,7 @@ def _sampling_samples(dtype: str, seed: int):
             yield _sampling_sample(f"boundary-top-p{top_p}-V{vocab}", torch.zeros((2, vocab)), dtype, seed,
                                    "3.5", 1.0, 0, top_p)
     # min-p boundary: logits [0, x] at scale s and temperature T with exp(x * s / T) == 0.5.
-    for kind in ("1", "0.37", "3.5"):
-        x, t = _half_temperature(float(kind))
+    for kind, (x, t) in HALF_TEMPERATURE.items():
         row = torch.tensor([[0.0, x], [x, 0.0]])
         info = dtypes.dtype_info(dtype)
         if float(row.to(info.torch_dtype).float()[0, 1]) != x:
@@ -764,8 +764,8 @@ def _draw_sample(name, p, u, seed):
 def _draw_samples(dtype: str, seed: int):
     gen = torch.Generator().manual_seed(seed)
     for vocab in (1, 2, 17, 65, 389):
-        p = torch.softmax(S.grid_logits(gen, 5, vocab).double(), -1)
-        yield _draw_sample(f"random-V{vocab}", p, torch.rand(5, generator=gen, dtype=torch.float64), seed)
+        p = S.pow2_probs(S.grid_logits(gen, 5, vocab))
+        yield _draw_sample(f"random-V{vocab}", p, S.unit_floats(gen, (5,)), seed)
     half = torch.tensor([[0.5, 0.5]] * 3)
     # u equal to a cumulative sum must pass it ("exceeds"); u = 0 takes the first positive index.
     yield _draw_sample("boundary-u-eq-cumsum", half, [0.5, 0.0, float(np.nextafter(1.0, 0.0))], seed)
@@ -784,8 +784,8 @@ def _draw_samples(dtype: str, seed: int):
 def _draw_recipe(dtype: str):
     from hypothesis import strategies as st
     return st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 6), st.integers(1, 80)).map(lambda t: _draw_sample(
-        f"hyp-V{t[2]}", torch.softmax(S.grid_logits(torch.Generator().manual_seed(t[0]), t[1], t[2]).double(), -1),
-        torch.rand(t[1], generator=torch.Generator().manual_seed(t[0] + 1), dtype=torch.float64), t[0]))
+        f"hyp-V{t[2]}", S.pow2_probs(S.grid_logits(torch.Generator().manual_seed(t[0]), t[1], t[2])),
+        S.unit_floats(torch.Generator().manual_seed(t[0] + 1), (t[1],)), t[0]))
 
 
 def _draw_errors():
@@ -858,7 +858,9 @@ def _logprob_errors():
 
 def _fp8_hard_rows(gen: torch.Generator, dtype: str) -> dict[str, torch.Tensor]:
     """Named float32 rows for the quantizer: every code's neighbourhood, midpoints (ties to even),
-    ulp steps around them, saturation, infinities, NaN, signed zeros, subnormals."""
+    ulp steps around them, saturation, infinities, NaN, signed zeros, subnormals; "random": random
+    signs and full float32 significands over every binade from below the smallest subnormal code
+    (rounds to 0 or to it) to past the largest finite one (saturates)."""
     info = dtypes.dtype_info(dtype)
     codes = torch.arange(256, dtype=torch.uint8).view(info.torch_dtype).float()
     finite = codes[torch.isfinite(codes)].unique()
@@ -870,7 +872,8 @@ def _fp8_hard_rows(gen: torch.Generator, dtype: str) -> dict[str, torch.Tensor]:
         "boundary-saturate": torch.tensor([[info.max_finite, info.max_finite * 1.07, 1e30, float("inf"),
                                             -info.max_finite * 1.5, float("-inf"), 0.0, -0.0]]),
         "nan-values": torch.tensor([[float("nan"), 1.0, -2.5, float("nan"), 0.0, 3.0, -1e-9, 7.0]]),
-        "random": torch.randn((3, 50), generator=gen) * info.max_finite / 8,
+        "random": S.binade_rows(gen, 3, 50, math.frexp(float(finite[finite > 0].min()))[1] - 3,
+                                math.frexp(info.max_finite)[1]),
     }
     return rows
 
@@ -1024,7 +1027,17 @@ def _argmax_errors(which: str):
 # ---------------------------------------------------------------------------------------------
 # paged attention over the KV slot pool (torch path and the Triton kernel, interpreted on the CPU)
 
-ATTN_BLOCK_N = ATTENTION_BLOCK_N     # the Triton kernel's KV block: the boundary lengths straddle it
+# The KV block sizes the attention kernels use, or may be tuned to: the boundary samples straddle
+# every one (lengths b - 1, b, b + 1). The lengths are data of this file, never read from a kernel:
+# a retune must not silently change the golden inputs. tests/meta/test_registry.py fails, naming
+# this list, when a kernel's BLOCK_N leaves it.
+KV_BLOCK_SIZES = (16, 32, 64, 128)
+# (name suffix, live lengths) of the paged-attention boundary samples: b - 1, b, b + 1 of every
+# KV_BLOCK_SIZES entry (and a live length of 1), grouped so that a sample's float32 arrays stay under
+# the golden size cap (tests/support/golden_catalogue.py MAX_SAMPLE_BYTES; tests/meta/test_registry.py
+# checks both).
+ATTN_BOUNDARY_LIVE = (("16", (1, 15, 16, 17)), ("32", (31, 32, 33)), ("64", (63, 64, 65)),
+                      ("128-below", (127,)), ("128-at", (128,)), ("128-above", (129,)))
 
 
 def _attn_sample(name, seed, dtype, kv_lens, q_lens, *, region=0, page_size=1, heads=(2, 1), lanes=None,
@@ -1059,25 +1072,27 @@ def _attn_sample(name, seed, dtype, kv_lens, q_lens, *, region=0, page_size=1, h
         table[int(rows[b])] = slots
         used[slots[:live[b]]] = True
     shape = (num_pages * page_size, nkv, hd)
-    k = torch.randn(shape, generator=gen) if keys is None else keys(gen, shape)
-    v = torch.randn(shape, generator=gen)
-    q = torch.randn((n, lanes, nh, hd), generator=gen)
-    mask = torch.rand((n, lanes, region + lanes), generator=gen) < 0.5
+    k = S.normalish(gen, shape) if keys is None else keys(gen, shape)
+    v = S.normalish(gen, shape)
+    q = S.normalish(gen, (n, lanes, nh, hd))
+    mask = S.coins(gen, (n, lanes, region + lanes), 0.5)
     mask[:, torch.arange(lanes), region + torch.arange(lanes)] = True      # every token sees itself
     if garbage:
         k[~used], v[~used] = float("nan"), float("nan")
         q[torch.arange(lanes)[None, :] >= torch.tensor(q_lens, dtype=torch.int64)[:, None]] = float("nan")
     torch_dtype = dtypes.dtype_info(dtype).torch_dtype
-    return SampleInput(name, {"q": q.to(torch_dtype), "k_cache": k.to(torch_dtype), "v_cache": v.to(torch_dtype),
+    return SampleInput(name, {"q": S.cast(q, torch_dtype), "k_cache": S.cast(k, torch_dtype),
+                              "v_cache": S.cast(v, torch_dtype),
                               "req_to_token": table, "rows": rows, "kv_lens": torch.tensor(kv_lens, dtype=torch.int64),
                               "q_lens": torch.tensor(q_lens, dtype=torch.int64), "tree_mask": mask, "region": region},
                        seed)
 
 
 def _ulp_keys(gen, shape):
-    """Keys that are one float32 ulp apart along the slots: scores tie up to an ulp or two."""
-    base = torch.randn(shape[1:], generator=gen)
-    steps = torch.arange(shape[0], dtype=torch.float32)[:, None, None] * torch.finfo(torch.float32).eps
+    """Keys that are one float32 ulp apart along the slots (slot s: base * (1 + s * 2**-23), exact
+    in float64, rounded once by the cast): scores tie up to an ulp or two."""
+    base = S.normalish(gen, shape[1:])
+    steps = torch.arange(shape[0], dtype=torch.float64)[:, None, None] * 2.0**-23
     return base[None] * (1 + steps)
 
 
@@ -1095,7 +1110,6 @@ def _attn_ref(s: SampleInput) -> dict:
 
 def _attn_samples(small: bool):
     def samples(dtype: str, seed: int):
-        b = ATTN_BLOCK_N
         yield _attn_sample("empty-batch", seed, dtype, [], [])
         yield _attn_sample("decode", seed, dtype, [1, 12], [1, 1])
         yield _attn_sample("prefill-from-empty", seed + 1, dtype, [0, 0], [5, 3])
@@ -1105,9 +1119,11 @@ def _attn_samples(small: bool):
         yield _attn_sample("nan-garbage-past-live", seed + 5, dtype, [6, 3], [2, 3], region=2, page_size=3,
                            lanes=4, garbage=True)
         yield _attn_sample("ulp-adjacent-scores", seed + 6, dtype, [9, 5], [2, 2], keys=_ulp_keys)
-        # live lengths 1, BLOCK_N - 1, BLOCK_N, BLOCK_N + 1; NaN slots right past each live end
-        yield _attn_sample("boundary-live-len-at-kv-block", seed + 7, dtype, [0, b - 2, b - 2, b - 1], [1, 1, 2, 2],
-                           page_size=2, heads=(1, 1), garbage=True)
+        # live lengths around every KV block size (ATTN_BOUNDARY_LIVE); NaN slots right past each live end
+        for j, (suffix, live) in enumerate(ATTN_BOUNDARY_LIVE):
+            q_lens = [1 + i % 2 if n > 1 else 1 for i, n in enumerate(live)]
+            yield _attn_sample(f"boundary-live-len-at-kv-block{suffix}", seed + 30 + j, dtype,
+                               [n - q for n, q in zip(live, q_lens)], q_lens, page_size=2, heads=(1, 1), garbage=True)
         yield _attn_sample("gqa-8-to-2", seed + 9, dtype, [6], [2], region=1, heads=(8, 2))
         gen = torch.Generator().manual_seed(seed)
         for i in range(1):
@@ -1302,9 +1318,6 @@ def _nkv_errors(which: str):
     return errors
 
 
-IA_BLOCK_N = INDEXED_ATTENTION_BLOCK_N   # the Triton kernel's KV block: the boundary lengths straddle it
-
-
 def _ia_sample(name, seed, dtype, lens, *, heads=(2, 1), num_slots=24, start=0, spare=2, garbage=False,
                keys=None, index_dtype=torch.int64, lists=None) -> SampleInput:
     """N = len(lens) decode queries; query i's list has lens[i] entries, slots drawn (with repeats)
@@ -1331,13 +1344,14 @@ def _ia_sample(name, seed, dtype, lens, *, heads=(2, 1), num_slots=24, start=0, 
         outside = unused[torch.randint(0, unused.numel(), (start + spare,), generator=gen)]
     kv_indices = torch.cat([outside[:start], listed, outside[start:]])
     shape = (num_slots, nkv, hd)
-    k = torch.randn(shape, generator=gen) if keys is None else keys(gen, shape)
-    v = torch.randn(shape, generator=gen)
-    q = torch.randn((n, nh, hd), generator=gen)
+    k = S.normalish(gen, shape) if keys is None else keys(gen, shape)
+    v = S.normalish(gen, shape)
+    q = S.normalish(gen, (n, nh, hd))
     if garbage:
         k[~used], v[~used] = float("nan"), float("nan")
     torch_dtype = dtypes.dtype_info(dtype).torch_dtype
-    return SampleInput(name, {"q": q.to(torch_dtype), "k_cache": k.to(torch_dtype), "v_cache": v.to(torch_dtype),
+    return SampleInput(name, {"q": S.cast(q, torch_dtype), "k_cache": S.cast(k, torch_dtype),
+                              "v_cache": S.cast(v, torch_dtype),
                               "kv_indptr": torch.tensor(indptr, dtype=index_dtype), "kv_indices": kv_indices.to(index_dtype),
                               "scale": hd ** -0.5}, seed)
 
@@ -1367,15 +1381,15 @@ def _ia_ref(s: SampleInput) -> dict:
 
 def _ia_samples(small: bool):
     def samples(dtype: str, seed: int):
-        b = IA_BLOCK_N
         yield _ia_sample("empty-batch", seed, dtype, [])
         if not small:
             yield _ia_sample("decode", seed + 1, dtype, [1, 12, 7])
         yield _ia_sample("empty-kv-lists-give-zeros", seed + 2, dtype, [0, 5, 0, 3], start=2)
         yield _ia_sample("nan-garbage-outside-lists", seed + 3, dtype, [6, 3, 9], start=4, spare=3, garbage=True)
         yield _ia_sample("ulp-adjacent-scores", seed + 4, dtype, [9, 5], keys=_ulp_keys)
-        yield _ia_sample("boundary-list-len-at-kv-block", seed + 5, dtype, [b - 1, b, b + 1, 1], heads=(1, 1),
-                         num_slots=40, garbage=True)
+        for b in KV_BLOCK_SIZES:          # list lengths around every KV block size
+            yield _ia_sample(f"boundary-list-len-at-kv-block{b}", seed + 40 + b, dtype, [b - 1, b, b + 1, 1],
+                             heads=(1, 1), num_slots=40, garbage=True)
         yield _ia_sample("gqa-8-to-2", seed + 6, dtype, [6, 2], heads=(8, 2), num_slots=16)
         yield _ia_sample("mha-3-heads", seed + 7, dtype, [4, 7], heads=(3, 3), num_slots=12)
         if not small:
@@ -1463,11 +1477,12 @@ def _mss_bits(x: torch.Tensor) -> torch.Tensor:
 def _mss_values(gen, shape, dtype, kind):
     """Random states of `dtype`. kind "nan": about a third of the entries NaN, ±inf, ±0.0 or ±max;
     "ulp": the draft nodes of one (layer, request) differ by one ulp per node (shape [L, bs, D, ...]:
-    node d = base + d ulps), a sixth of the bases subnormal; "plain": normal values."""
-    x = torch.randn(shape, generator=gen).to(dtype)
+    node d = base + d ulps), a sixth of the bases subnormal; "plain": normal values (`S.normalish`)."""
+    x = S.cast(S.normalish(gen, shape), dtype)
     if kind == "nan":
         big = torch.finfo(dtype).max
-        specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, big, -big], dtype=dtype)
+        specials = S.cast(torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, big, -big],
+                                       dtype=torch.float64), dtype)
         pick = torch.randint(0, 3 * specials.numel(), shape, generator=gen)
         x = torch.where(pick < specials.numel(), specials[pick.clamp(max=specials.numel() - 1)], x)
     elif kind == "ulp":
@@ -1505,7 +1520,7 @@ def _mss_random(name, seed, dtype, *, layers, num_slots, bs, num_steps, state, s
     slots = torch.randperm(num_slots, generator=gen)[:bs].tolist()
     steps = torch.randint(0, num_steps, (bs,), generator=gen).tolist()
     for r in range(bs):
-        if float(torch.rand((), generator=gen)) < skip:
+        if bool(S.coins(gen, (), skip)):
             steps[r] = -1
             slots[r] = (-1, num_slots, slots[0], slots[r])[int(torch.randint(0, 4, (), generator=gen))]
     return _mss_sample(name, seed, dtype, layers=layers, num_slots=num_slots, num_steps=num_steps, state=state,
@@ -1682,7 +1697,9 @@ def _codec_sample(name, seed, counts, width, *, flag=3, msg_id=7, keep_running=T
     gen = torch.Generator().manual_seed(seed)
     bsz, rows = len(counts), CODEC_CAPACITY[2]
     tok = torch.randint(0, 50000, (bsz, rows, width), generator=gen) if tokens is None else tokens
-    lps = (-torch.rand((bsz, rows, width), generator=gen) * 20).float() if lp is None else lp
+    # logprobs in (-20, 0]: -20 k / 2**24 for integer k, exact in float64, rounded once to float32
+    lps = S.cast(-torch.randint(0, 2**24, (bsz, rows, width), generator=gen).double() * 20 / 2**24,
+                 torch.float32) if lp is None else lp
     return SampleInput(name, {"msg_id": msg_id, "keep_running": keep_running, "flag": flag,
                               "counts": np.array(counts, dtype=np.int64), "token_ids": tok.numpy().astype(np.int64),
                               "logprobs": lps.numpy().astype(np.float32),

@@ -1,8 +1,18 @@
 """Domain-named input generators, one module: logits rows (grid-valued, tie-heavy FP8 rows,
 all-equal rows, -inf masks, max at the vocab edges), draft step distributions, and the hypothesis
-strategies built on them. Sizes are capped so interpreted kernels stay quick."""
+strategies built on them. Sizes are capped so interpreted kernels stay quick.
+
+Every value is exact (see "Exact building blocks" below): the op goldens store what these
+generators make, and regeneration must be a pure function of the seed, the catalogue and the
+library versions, whatever instruction set torch's CPU kernels dispatch to
+(tests/meta/test_golden_portability.py). Integer draws from a torch.Generator (randint, randperm)
+are exact everywhere; torch.randn / torch.rand in float, softmax / exp / log / sin and a NaN's bits
+after a dtype conversion are not. So floats are built from integer draws with exact arithmetic and
+rounded once, to their dtype, by `cast` (tests/meta/test_registry.py refuses the inexact calls)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from hypothesis import strategies as st
@@ -11,6 +21,116 @@ from specverify import dtypes
 
 MAX_VOCAB = 300          # hypothesis cap; named edge cases go past kernel block sizes explicitly
 MAX_ROWS = 9
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact building blocks
+
+# The quiet NaN every generated NaN carries. torch's conversions give a NaN a sign and payload
+# that depend on the instruction set (float32 -> bfloat16: 0x7FC0 under ATEN_CPU_CAPABILITY=default,
+# 0xFFFF under avx2 / avx512), and a golden stores the bits.
+CANONICAL_NAN = {torch.float64: (torch.int64, 0x7FF8000000000000), torch.float32: (torch.int32, 0x7FC00000),
+                 torch.float16: (torch.int16, 0x7E00), torch.bfloat16: (torch.int16, 0x7FC0)}
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`: one round-to-nearest-even conversion (finite values and infinities convert
+    bit-identically on every instruction set), every NaN given CANONICAL_NAN's bits. FP8 is
+    not made here (dtypes.to_logits_dtype quantizes with its scale)."""
+    if dtype not in CANONICAL_NAN:
+        raise ValueError(f"cast: {dtype} is not one of {sorted(map(str, CANONICAL_NAN))}")
+    y = x.to(dtype)
+    nan = torch.isnan(y)
+    if bool(nan.any()):
+        bits_dtype, bits = CANONICAL_NAN[dtype]
+        y = y.clone()
+        y.view(bits_dtype)[nan] = torch.tensor(bits, dtype=torch.int64).to(bits_dtype)
+    return y
+
+
+def unit_floats(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    """float64 uniform on [0, 1): k / 2**53 with k an integer draw (exact)."""
+    return torch.randint(0, 2**53, shape, generator=gen).double() / 2**53
+
+
+def coins(gen: torch.Generator, shape: tuple[int, ...], p: float) -> torch.Tensor:
+    """bool [shape], each True with probability p (to 2**-24): an integer draw below ceil(p * 2**24)."""
+    return torch.randint(0, 2**24, shape, generator=gen) < math.ceil(p * 2**24)
+
+
+IRWIN_HALL_BITS = 20
+
+
+def normalish(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    """float64 values close to a standard normal, exactly: the Irwin-Hall sum of 12 uniform
+    integers in [0, 2**20), centred and divided by 2**20 (mean 0, variance 1, |x| < 6). Every value
+    is a multiple of 2**-20 below 2**23 * 2**-20, so float32 holds it exactly (cast rounds it
+    once, to float16 or bfloat16)."""
+    draws = torch.randint(0, 2**IRWIN_HALL_BITS, (12, *shape), generator=gen)
+    return (draws.sum(0) - 6 * 2**IRWIN_HALL_BITS).double() / 2**IRWIN_HALL_BITS
+
+
+# round(2**20 * 2**(j / 4)), j = 0..3: 2**x on a quarter grid, as integers (a table, no pow at run time)
+QUARTER_POW2 = (1048576, 1246974, 1482910, 1763488)
+POW2_RANGE = 8          # pow2_weights takes x in [-8, 8]
+
+
+def pow2_weights(x: torch.Tensor) -> torch.Tensor:
+    """int64 weights proportional to 2**x for finite x in [-8, 8], x rounded down to the quarter
+    grid: w = QUARTER_POW2[h % 4] << (h // 4 + 8) with h = floor(4 x). Softmax-like (2**x =
+    e**(0.69 x)) and exact: equal x give equal weights; a row of up to 2**12 weights sums below
+    2**53, so float64 holds the sum exactly."""
+    h = torch.floor(x.double() * 4)
+    if not bool(torch.isfinite(h).all()) or bool((h.abs() > 4 * POW2_RANGE).any()):
+        raise ValueError(f"pow2_weights: x must be finite and in [-{POW2_RANGE}, {POW2_RANGE}]")
+    h = h.to(torch.int64)
+    table = torch.tensor(QUARTER_POW2, dtype=torch.int64)
+    return torch.bitwise_left_shift(table[torch.remainder(h, 4)], torch.div(h, 4, rounding_mode="floor") + POW2_RANGE)
+
+
+def probs_from_weights(w: torch.Tensor) -> torch.Tensor:
+    """float64 distributions over the last dim of int64 weights: w / sum(w), the sum exact and
+    each entry one correctly rounded division."""
+    total = w.sum(-1, keepdim=True)
+    if bool((total >= 2**53).any()):
+        raise ValueError("probs_from_weights: a row's weights sum to 2**53 or more (not exact in float64)")
+    return w.double() / total.double()
+
+
+def pow2_probs(x: torch.Tensor) -> torch.Tensor:
+    """float64 distributions p ∝ 2**x over the last dim of logits x (`pow2_weights`): the softmax
+    of x * ln 2, built exactly. A row holding NaN is NaN everywhere (as a softmax makes it)."""
+    nan_rows = torch.isnan(x).any(-1, keepdim=True)
+    p = probs_from_weights(pow2_weights(torch.where(torch.isnan(x), torch.zeros_like(x), x)))
+    return cast(p.masked_fill(nan_rows, float("nan")), torch.float64)
+
+
+def draw_from_weights(gen: torch.Generator, w: torch.Tensor) -> torch.Tensor:
+    """int64 [rows]: one index per row of int64 weights [rows, V], drawn with probability
+    w_i / sum(w) (to 2**-53) by an exact inverse CDF: the first index whose cumulative weight
+    exceeds floor(k * sum / 2**53), k an integer draw."""
+    k = torch.randint(0, 2**53, (w.shape[0],), generator=gen).tolist()
+    cum = torch.cumsum(w, -1)
+    return torch.tensor([int((cum[r] <= (k[r] * int(cum[r, -1])) >> 53).sum()) for r in range(w.shape[0])],
+                        dtype=torch.int64)
+
+
+def binade_rows(gen: torch.Generator, rows: int, cols: int, lo: int, hi: int) -> torch.Tensor:
+    """float32 [rows, cols] of random sign and magnitude (1 + m / 2**23) * 2**e, m uniform in
+    [0, 2**23), e uniform in [lo, hi]: every binade from 2**lo up to 2**(hi + 1) equally often, full
+    24-bit significands (rounding and ulp cases at every scale). Built from the float32 bits."""
+    if not -126 <= lo <= hi <= 127:
+        raise ValueError(f"binade_rows: need -126 <= lo <= hi <= 127, got {lo}, {hi}")
+    m = torch.randint(0, 2**23, (rows, cols), generator=gen)
+    e = torch.randint(lo, hi + 1, (rows, cols), generator=gen)
+    sign = torch.randint(0, 2, (rows, cols), generator=gen)
+    magnitude = (((e + 127) << 23) | m).to(torch.int32).view(torch.float32)
+    return torch.where(sign == 1, -magnitude, magnitude)
+
+
+# ---------------------------------------------------------------------------------------------
+# Logits rows and distributions
+
 
 
 def grid_logits(gen: torch.Generator, rows: int, vocab: int, *, levels: int = 24) -> torch.Tensor:
@@ -30,6 +150,8 @@ def as_logits_dtype(x: torch.Tensor, dtype_name: str) -> tuple[torch.Tensor, tor
     """Deliver float32 logits in a registry dtype with a static scale of 1: (values, scale [N,1])."""
     if dtype_name == "float64":                 # ops whose inputs are float64 probabilities
         return x.double(), torch.ones((*x.shape[:-1], 1))
+    if not dtypes.dtype_info(dtype_name).is_fp8:
+        return cast(x, dtypes.dtype_info(dtype_name).torch_dtype), torch.ones((*x.shape[:-1], 1))
     return dtypes.to_logits_dtype(x, dtype_name, scale_mode="static", static_scale=1.0)
 
 
@@ -48,9 +170,11 @@ def edge_logits(vocab: int) -> dict[str, torch.Tensor]:
 
 
 def probs_from(gen: torch.Generator, shape: tuple[int, ...], vocab: int, *, levels: int = 8) -> torch.Tensor:
-    """float32 distributions with exact ties: softmax of grid logits."""
-    x = torch.randint(0, levels, (*shape, vocab), generator=gen).float() / 2
-    return torch.softmax(x, dim=-1)
+    """float32 distributions with exact ties: a level in [0, levels) per token, p ∝ 2**(3 level / 4)
+    (levels 2**0.75 ~ e**0.5 apart, as a softmax of level / 2), built exactly (`pow2_probs`) and
+    rounded once to float32; equal levels give bit-equal probabilities."""
+    x = torch.randint(0, levels, (*shape, vocab), generator=gen).double() * 3 / 4
+    return cast(pow2_probs(x), torch.float32)
 
 
 @st.composite
@@ -139,8 +263,8 @@ def inf_rows(gen: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
 
 def row_scales(gen: torch.Generator, rows: int, kind: str) -> torch.Tensor:
     """A scale [rows, 1] float32 of one of SCALE_KINDS: static (every row alike) or per row."""
-    if kind == "per-row":
-        return (0.25 + 3.75 * torch.rand((rows, 1), generator=gen)).float()
+    if kind == "per-row":    # 0.25 + 3.75 * k / 2**24 for an integer k < 2**24: exact in float64, rounded once
+        return cast(0.25 + torch.randint(0, 2**24, (rows, 1), generator=gen).double() * 3.75 / 2**24, torch.float32)
     return torch.full((rows, 1), float(kind), dtype=torch.float32)
 
 
@@ -148,7 +272,7 @@ def with_scale(x: torch.Tensor, dtype_name: str, kind: str, gen: torch.Generator
     """float32 logits x [N, V] in a registry dtype with a scale of `kind`: (values, scale [N, 1]).
 
     FP8: quantized with that static scale, or the per-row rule of docs/semantics.md section 2.
-    Other dtypes (at the op level a scale can accompany any logits dtype): x.to(dtype) and the scale.
+    Other dtypes (at the op level a scale can accompany any logits dtype): cast(x, dtype) and the scale.
     """
     if dtype_name == "float64":
         return x.double(), row_scales(gen, x.shape[0], kind)
@@ -156,7 +280,7 @@ def with_scale(x: torch.Tensor, dtype_name: str, kind: str, gen: torch.Generator
         if kind == "per-row":
             return dtypes.to_logits_dtype(x, dtype_name, scale_mode="per_row")
         return dtypes.to_logits_dtype(x, dtype_name, scale_mode="static", static_scale=float(kind))
-    return x.to(dtypes.dtype_info(dtype_name).torch_dtype), row_scales(gen, x.shape[0], kind)
+    return cast(x, dtypes.dtype_info(dtype_name).torch_dtype), row_scales(gen, x.shape[0], kind)
 
 
 ROW_KINDS = {"grid": grid_logits, "tie-heavy": tie_heavy_rows, "ulp": ulp_adjacent_rows, "nan": nan_rows,
