@@ -4,22 +4,26 @@ On CUDA a cycle runs at the shape of a batch-size bucket: the running rows, then
 row up to the bucket. `SpecDecoder(pad_batches=True)` runs that same padded path eagerly on the
 CPU, so CPU CI checks what the graphs rely on:
 
-- the padded path decodes exactly as the live-shape path: per-request tokens, accept lengths and
-  the per-cycle traces (tree, accepted nodes, emitted tokens), greedy and sampled, chain and
+- the padded path decodes as the live-shape path: per-request tokens, accept lengths and the
+  per-cycle traces (tree, accepted nodes, emitted tokens) exactly, greedy and sampled, chain and
   tree drafts, page sizes 1 and 4, with requests finishing at different cycles (budgets, an EOS),
   so the live batch shrinks across and inside buckets;
-- padded lanes never leak: after every step, each running request's K/V at its cached indices
-  (target and draft caches, read through its slot-table row), its device state row and its
-  recurrent state equal those of the live-shape run at the same point, and the pad row's table
-  row maps only to the sink slot.
+- padded lanes never leak: padded runs whose pad lanes hold zeros, garbage or NaN
+  (tests/support/pad_contents.py, refilled before every step) leave every running request's K/V
+  at its cached indices (target and draft caches, read through its slot-table row), its device
+  state row and its recurrent state bit for bit the same; the pad row's table row maps only to the
+  sink slot.
 
-Both runs compute in float32 and are compared with torch.equal: no tolerance. (Rejected tree
-nodes and draft beams past a request's cached length may differ by an ulp between the two
-shapes, since a CPU GEMM's rounding can depend on its row count; nothing reads them, and they are
-not compared.) The steered drafts of tests/support/steering.py make accepted paths deep.
+What is exact and what is not. Runs at the same shapes do the same arithmetic in the same order,
+so the padded runs are compared with torch.equal. A live-shape run does its matrix products at
+other row counts than a padded one, and a CPU GEMM may round those apart (the AVX-512 kernels do;
+the AVX2 ones happen not to), so live against padded compares integers (tokens, counts, lengths,
+flags) exactly and floats (K/V, recurrent states, draft probabilities) by the tolerance table.
+The steered drafts of tests/support/steering.py make accepted paths deep.
 
 The helpers here (`start_decoder`, `assert_same_live_state`) are shared with
-tests/test_cuda_graphs.py, which runs the graph-vs-eager versions of these checks on the device.
+tests/test_cuda_graphs.py, which runs the graph-vs-eager versions of these checks on the device
+(same bucket shapes on both sides: exact).
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from specverify.engine.sampling import SamplingParams
 from specverify.engine.speculative import SpecConfig, SpecDecoder
 from specverify.kernels.cuda_graph import bucket_for
 from specverify.models.kv_cache import SINK_SLOT
+from tests.support.asserts import assert_close
 from tests.support.cases import ragged_prompts, steered_cached_models
+from tests.support.pad_contents import PAD_CONTENTS, fill_pad_contents
 
 VOCAB = 389                       # the tiny preset
 PROMPTS = ragged_prompts(23, 5, VOCAB, max_len=8)
@@ -85,22 +91,28 @@ def state_rows(dec, req) -> dict[str, torch.Tensor]:
     return rows
 
 
-def assert_same_live_state(a, reqs_a, b, reqs_b, what: str) -> None:
+def assert_same_live_state(a, reqs_a, b, reqs_b, what: str, *, floats: str | None = None) -> None:
     """Two decoders of the same requests at the same point: the same requests run, with the same
-    outputs so far, and every running request's cached K/V and state rows are bit for bit equal."""
+    outputs so far, and every running request's cached K/V and state rows are equal: integers
+    exactly, floats bit for bit (floats=None: the two ran at the same shapes) or by the tolerance
+    table entry `floats` names (a dtype: the two ran at other shapes, which a CPU GEMM may round
+    apart)."""
     assert [r.finished for r in reqs_a] == [r.finished for r in reqs_b], f"{what}: different requests finished"
     for ra, rb in zip(reqs_a, reqs_b):
         assert ra.output == rb.output, f"{what}: request {ra.index} output {ra.output} != {rb.output}"
         if ra.finished:
             continue
         assert ra.cached == rb.cached, f"{what}: request {ra.index} cached {ra.cached} != {rb.cached}"
-        for layer, (x, y) in enumerate(zip(kv_at_cached(a, ra), kv_at_cached(b, rb))):
-            assert torch.equal(x, y), \
-                f"{what}: request {ra.index}: K/V buffer {layer} (target K, V, then draft) differs at cached indices"
+        pairs = {f"K/V buffer {i} (target K, V, then draft) at cached indices": xy
+                 for i, xy in enumerate(zip(kv_at_cached(a, ra), kv_at_cached(b, rb)))}
         sa, sb = state_rows(a, ra), state_rows(b, rb)
-        for name in sa:
-            assert torch.equal(sa[name], sb[name]), \
-                f"{what}: request {ra.index}: state {name} {sa[name].tolist()} != {sb[name].tolist()}"
+        pairs.update({f"state {name}": (sa[name], sb[name]) for name in sa})
+        for name, (x, y) in pairs.items():
+            label = f"{what}: request {ra.index}: {name}"
+            if floats is not None and x.is_floating_point():
+                assert_close(x, y, floats, label)
+            else:
+                assert torch.equal(x, y), f"{label} differs: {x.flatten()[:8].tolist()} != {y.flatten()[:8].tolist()}"
 
 
 def assert_pad_row_maps_to_sink(dec, what: str) -> None:
@@ -130,28 +142,39 @@ def eos_for(sampling: str, topk: int, hybrid: bool) -> int:
     return reqs[r].output[i]
 
 
-def lockstep(sampling, topk, page_size, *, hybrid=False, abort=None, each_step=None):
-    """The live-shape and the padded run of the workload, one step each at a time; returns
-    (live, padded) as (decoder, requests) and the running count before each step.
-    abort: a request index both runs abort after their first step. each_step(step, live, padded)
-    runs after every step."""
+def lockstep(sampling, topk, page_size, *, hybrid=False, abort=None, each_step=None, fills=(None,)):
+    """The live-shape run and one padded run per entry of `fills` of the workload, one step each
+    at a time. A fill is None (the pad contents the decoder itself leaves) or a kind of
+    tests/support/pad_contents.py, refilled so after the prefill and after every step. Returns
+    (runs, running): runs["live"] and runs[fill] are (decoder, requests); running is the running
+    count before each step. abort: a request index every run aborts after its first step.
+    each_step(step, runs) runs after every step, before the refill."""
     models, spec, params = steered(hybrid), SPECS[topk, page_size], SAMPLING[sampling]
     eos = eos_for(sampling, topk, hybrid)
-    live = start_decoder(models, spec, params, PROMPTS, BUDGETS, eos=eos, pad_batches=False)
-    padded = start_decoder(models, spec, params, PROMPTS, BUDGETS, eos=eos, pad_batches=True)
+    runs = {"live": start_decoder(models, spec, params, PROMPTS, BUDGETS, eos=eos, pad_batches=False)}
+    for fill in fills:
+        runs[fill] = start_decoder(models, spec, params, PROMPTS, BUDGETS, eos=eos, pad_batches=True)
+
+    def refill(step):
+        for fill in fills:
+            if fill is not None:
+                fill_pad_contents(runs[fill][0], fill, seed=SEED + step)
+
+    refill(0)
     running, step = [], 0
-    while live[0].running() or padded[0].running():
-        running.append(len(padded[0].running()))
-        for dec, _ in (live, padded):
+    while any(dec.running() for dec, _ in runs.values()):
+        running.append(len(runs[fills[0]][0].running()))
+        for dec, _ in runs.values():
             dec.step()
         step += 1
         if abort is not None and step == 1:
-            for dec, reqs in (live, padded):
+            for dec, reqs in runs.values():
                 assert not reqs[abort].finished, "the request to abort finished in the first step"
                 dec.abort(reqs[abort])
         if each_step is not None:
-            each_step(step, live, padded)
-    return live, padded, running
+            each_step(step, runs)
+        refill(step)
+    return runs, running
 
 
 def assert_power(live, running, budgets=BUDGETS) -> None:
@@ -179,16 +202,17 @@ def test_cpu_decoders_run_at_live_shapes_without_graphs_by_default():
 @pytest.mark.parametrize("topk", [1, 2], ids=lambda k: f"topk{k}")
 @pytest.mark.parametrize("sampling", list(SAMPLING))
 def test_padded_buckets_decode_exactly_as_live_shapes(sampling, topk, page_size):
+    """Tokens, accept lengths and traces (integers) equal the live-shape run's exactly."""
     readbacks = []
-    live, padded, running = lockstep(sampling, topk, page_size,
-                                     each_step=lambda step, lv, pd: readbacks.append(pd[0].readback.count))
-    (ld, lreqs), (pd, preqs) = live, padded
+    runs, running = lockstep(sampling, topk, page_size,
+                             each_step=lambda step, runs: readbacks.append(runs[None][0].readback.count))
+    (ld, lreqs), (pd, preqs) = runs["live"], runs[None]
     for lr, pr in zip(lreqs, preqs):
         assert pr.output == lr.output, f"request {lr.index}: padded {pr.output} != live {lr.output}"
         assert pr.accept_lengths == lr.accept_lengths, f"request {lr.index}: accept lengths differ"
         assert pd.traces[lr.index] == ld.traces[lr.index], f"request {lr.index}: traces differ"
         assert [len(c.emitted) for c in pd.traces[pr.index]] == pr.accept_lengths
-    assert_power(live, running)
+    assert_power(runs["live"], running)
     # One readback per step (the prefill made the first), no graph on the CPU.
     assert readbacks == list(range(2, len(running) + 2))
     assert pd.runner.captures == 0 and pd.runner.pad_batches and not ld.runner.pad_batches
@@ -199,17 +223,33 @@ def test_padded_buckets_decode_exactly_as_live_shapes(sampling, topk, page_size)
     ("t0.7-topk20", 1, 1, True),
 ], ids=["greedy-topk2-page4", "sampled-topk1-page1-hybrid"])
 def test_padded_lanes_never_leak_into_live_requests(sampling, topk, page_size, hybrid):
-    """After every step (request 2 aborted after the first), every running request's cached K/V
-    and state rows equal the live-shape run's; the pad row owns no slot."""
+    """Three padded runs whose pad lanes hold zeros, garbage and NaN (refilled before every step;
+    request 2 aborted after the first): after every step every running request's cached K/V and
+    state rows are bit for bit the same in all three (same shapes: exact on every machine), and
+    equal the live-shape run's, integers exactly and floats by the float32 tolerance (other row
+    counts: a CPU GEMM may round them apart); the pad row owns no slot."""
     steps = []
 
-    def check(step, live, padded):
+    def check(step, runs):
         what = f"after step {step}"
-        assert_same_live_state(padded[0], padded[1], live[0], live[1], what)
-        assert_pad_row_maps_to_sink(padded[0], what)
+        zeros = runs[PAD_CONTENTS[0]]
+        for kind in PAD_CONTENTS[1:]:
+            assert_same_live_state(runs[kind][0], runs[kind][1], zeros[0], zeros[1],
+                                   f"{what}: pad lanes of {kind} against zeros")
+        assert_same_live_state(zeros[0], zeros[1], runs["live"][0], runs["live"][1],
+                               f"{what}: padded against live shapes", floats="float32")
+        for kind in PAD_CONTENTS:
+            assert_pad_row_maps_to_sink(runs[kind][0], f"{what} ({kind})")
         steps.append(step)
 
-    live, padded, running = lockstep(sampling, topk, page_size, hybrid=hybrid, abort=2, each_step=check)
+    runs, running = lockstep(sampling, topk, page_size, hybrid=hybrid, abort=2, each_step=check, fills=PAD_CONTENTS)
     assert len(steps) == len(running) >= 4
-    table = padded[0].cache.table
-    assert table.num_free_pages == table.num_pages - 1, "pages left allocated after every request finished"
+    # The fill reaches everything a pad lane reads: the sink page of every cache, the pad row's
+    # tokens and, on the hybrid model, its recurrent slots.
+    want = {"pending", "kept_tokens", "target K sink [0]", "draft K sink [0]"} | ({"recurrent slot", "conv slot"}
+                                                                               if hybrid else set())
+    for kind in PAD_CONTENTS:
+        filled = fill_pad_contents(runs[kind][0], kind, seed=0)
+        assert want <= set(filled), f"{kind}: filled {filled}, missing {sorted(want - set(filled))}"
+        table = runs[kind][0].cache.table
+        assert table.num_free_pages == table.num_pages - 1, "pages left allocated after every request finished"

@@ -58,13 +58,15 @@ def _draft_kv_indices_kernel(
     tl.store(kv_indptr_ptr, off * 0, mask=live & (bid == 0))
 
     count = tl.where(live, 2 * s - 1, 0)                  # this request's entries
-    for start in range(0, count, BLOCK_N):
+    start = tl.zeros_like(count)                          # a while loop: see "Loop bounds" in launch.py
+    while start < count:
         j = start + tl.arange(0, BLOCK_N)
         in_list = j < count
         t = tl.where(j < s - 1, j, j - (s - 1))           # query 2b: 0..s-2, then query 2b+1: 0..s-1
         slot = tl.load(table_ptr + row * stride_tr + t * stride_tt, mask=in_list, other=0)
         dest = off + j
         tl.store(kv_indices_ptr + dest * stride_ix, slot, mask=in_list & (dest < capacity))
+        start += BLOCK_N
 
 
 def _triton_draft_kv_indices(req_to_token, rows, seq_lens, kv_indptr, kv_indices, num_programs, block_n):

@@ -1,5 +1,16 @@
 """What every kernel wrapper shares: argument checks, the choice of implementation, and the
-check that a Triton kernel can launch on the tensors' device."""
+check that a Triton kernel can launch on the tensors' device.
+
+Loop bounds: Triton 3.6's interpreter runs a kernel as Python and holds every scalar (a kernel
+argument, a loaded or computed value) as a 1-element NumPy array; range() turns its bound into a
+Python int with int(array), which NumPy >= 2.4 refuses ("only 0-dimensional arrays can be converted
+to Python scalars"), while a while condition only needs bool(array), which NumPy still allows. So a
+loop whose trip count is read at run time is a `while` loop where that is no slower compiled. A
+constexpr bound is a Python int in every version, so a loop over one may stay a for loop. Compiled,
+Triton software-pipelines for loops only: attention.py's KV loop stays `for ... in range(...)`, as
+a while loop there ran 2x slower on an H100, spilling registers (that kernel does not run under
+Triton 3.6's interpreter with NumPy >= 2.4).
+"""
 
 from __future__ import annotations
 

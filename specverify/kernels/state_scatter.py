@@ -56,11 +56,13 @@ def _state_scatter_kernel(
     in_state = offs < state_numel
     src_p = src_ptr + r * stride_sb + step * stride_sd + offs     # the batch position's row
     dst_p = dst_ptr + slot * stride_ds + offs
-    for _ in range(0, layers):
+    layer = 0
+    while layer < layers:                                   # a while loop: see "Loop bounds" in launch.py
         vals = tl.load(src_p, mask=in_state, other=0.0)
         tl.store(dst_p, vals, mask=in_state)
         src_p += stride_sl
         dst_p += stride_dl
+        layer += 1
 
 
 def flat_state(t: torch.Tensor, lead: int) -> torch.Tensor | None:

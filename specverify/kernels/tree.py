@@ -107,11 +107,14 @@ def _build_tree_kernel(
 
     # Ancestor sets: self and root, then S hops up the parent chain (a chain has at most S nodes).
     sees = (node[None, :] == node[:, None]) | ((node[None, :] == 0) & valid[:, None])
+    # (A while loop, not range(num_steps): see "Loop bounds" in launch.py.)
     anc = parent
-    for _ in range(num_steps):
+    hop = 0
+    while hop < num_steps:
         sees = sees | (node[None, :] == anc[:, None])
         up = tl.sum(tl.where(anc[:, None] == node[None, :], parent[None, :] + 1, 0), axis=1)
         anc = up - 1                                   # -1 when anc was -1 (no column matched)
+        hop += 1
     depth = tl.sum(tl.where(sees & (node[None, :] >= 1), 1, 0), axis=1)
 
     # Linked form, children in ascending node order.
