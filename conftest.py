@@ -17,20 +17,18 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Under `-n auto` every core already runs a worker: one intra-op thread per worker, unless the user
-# chose a count. Torch's default (a thread per core in every worker) oversubscribes the machine
-# and made a loaded 2-core box several times slower.
-if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("OMP_NUM_THREADS"):
-    torch.set_num_threads(1)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from specverify import environment  # noqa: E402
 from specverify.platform import ENV_VAR, get_profile, native_platform  # noqa: E402
 from tests.matrix.plugin import EXPECTATIONS_DIR, EXPECTATIONS_ENV, MATRIX, MatrixPlugin  # noqa: E402
 
 pytest_plugins = ["pytester"]
+
+THREADS_ENV = "SPECVERIFY_THREADS"
 
 MARKERS = {
     "cuda": "needs a native CUDA device",
@@ -40,12 +38,19 @@ MARKERS = {
     "golden": "compares against committed golden files",
     "e2e": "end-to-end decoding through generate()",
     "slow": "long; deselected unless --run-slow or SPECVERIFY_RUN_SLOW=1",
+    "bitexact": "compares floats bit for bit: must hold on every CPU instruction set (scripts/run-tests re-runs "
+                "these under ATEN_CPU_CAPABILITY=default)",
+    "kernels": "runs specverify's Triton kernels or the op registry (scripts/run-tests re-runs these under the "
+               "oldest supported triton)",
 }
 PLATFORM_MARKERS = {"cuda": ("cuda",), "rocm": ("rocm",), "gpu": ("cuda", "rocm")}
 
-settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None, print_blob=True,
+# ci and dev draw the same examples on every machine and in every run (derandomized, no example
+# database: a failure another box stored must not change this box's verdict); thorough explores
+# with fresh randomness (each failure prints the blob that replays it).
+settings.register_profile("ci", max_examples=40, derandomize=True, database=None, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True,
+settings.register_profile("dev", max_examples=60, derandomize=True, database=None, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=1000, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -78,6 +83,14 @@ def pytest_configure(config):
                or os.environ.get("SPECVERIFY_HYPOTHESIS_PROFILE")
                or ("ci" if os.environ.get("CI") else "dev"))
     settings.load_profile(profile)
+    # One intra-op thread in every test process, under xdist or not: a float reduction split over
+    # threads can round by the thread count (a verdict must not depend on the core count), and
+    # under `-n auto` every core already runs a worker (torch's default, a thread per core in
+    # every worker, made a loaded 2-core box several times slower). SPECVERIFY_THREADS=N overrides.
+    threads = os.environ.get(THREADS_ENV, "1")
+    if not (threads.isdigit() and int(threads) >= 1):
+        raise pytest.UsageError(f"{THREADS_ENV}={threads!r}: expected an int >= 1 (intra-op threads per test process)")
+    torch.set_num_threads(int(threads))
     try:
         get_profile()   # a bad SPECVERIFY_PLATFORM: one line, not an INTERNALERROR traceback
     except (TypeError, ValueError) as e:
@@ -88,25 +101,22 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     profile = get_profile()
-    triton_version = _triton_version()
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SPECVERIFY_")}
-    return [
+    lib = environment.versions()
+    lines = [
         f"specverify: platform profile {profile.name} (policy {profile.policy}, device {profile.device}, "
         f"native {native_platform()}), argmax fast path {profile.argmax_fast_path}, "
         f"FP8 {', '.join(profile.fp8_formats)}",
-        f"specverify: torch {torch.__version__}, triton {triton_version}, "
+        f"specverify: torch {lib['torch']}, triton {lib['triton']}, numpy {lib['numpy']}, python {lib['python']}, "
         f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}, "
         f"hypothesis profile {settings._current_profile}",
+        f"specverify: CPU capability {environment.cpu_capability()} "
+        f"({environment.CAPABILITY_ENV}={environment.requested_capability() or 'unset'}), "
+        f"intra-op threads {torch.get_num_threads()}",
         f"specverify: env {env or '{}'}",
     ]
-
-
-def _triton_version() -> str:
-    try:
-        import triton
-        return triton.__version__
-    except ImportError:
-        return "absent"
+    problems = [environment.capability_problem(), *environment.unsupported_versions()]
+    return lines + [f"specverify: WARNING: {p}" for p in problems if p]
 
 
 @pytest.hookimpl(tryfirst=True)   # before -k / -m / --deselect: expectations are matched against every collected test

@@ -1,6 +1,8 @@
-# Sourced by scripts/run-demo and scripts/run-tests: create or reuse the virtual environment and
-# install what specverify needs. Variables: SPECVERIFY_VENV (default .venv), PYTHON (default python3),
-# SPECVERIFY_TORCH_INDEX (the CPU wheel index, default PyTorch's own).
+# Sourced by scripts/run-demo, scripts/run-matrix and scripts/run-tests: create or reuse the virtual
+# environment and install what specverify needs. Variables: SPECVERIFY_VENV (default .venv), PYTHON
+# (default python3), SPECVERIFY_TORCH_INDEX (the CPU wheel index, default PyTorch's own).
+# sv_oldest_triton (called by scripts/run-tests) makes the second environment: the oldest supported
+# triton (constraints/oldest-triton.txt) in a folder that goes first on PYTHONPATH.
 # With SPECVERIFY_ENV_FUNCTIONS_ONLY=1 it only defines the functions (the tests call them).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -44,6 +46,37 @@ sv_torch_index_args() {
   rm -f "$report"
 }
 
+# sv_outside_supported_range PY: print one line per library (torch, triton) that interpreter PY
+# already has outside the supported ranges of specverify/environment.py; nothing when all fit.
+sv_outside_supported_range() {
+  "$1" - "$root/specverify/environment.py" <<'PY'
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("sv_environment", sys.argv[1])
+env = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(env)
+for line in env.unsupported_versions():
+    print(line)
+PY
+}
+
+# sv_oldest_triton VENV: install the triton pinned in constraints/oldest-triton.txt into
+# VENV/oldest-triton (no dependencies: the venv's torch and numpy stay) unless it is there
+# already, and print that folder. Put first on PYTHONPATH, it makes `import triton` the oldest
+# supported one while everything else is the venv's.
+sv_oldest_triton() {
+  local venv=$1 pin dir stamp
+  pin=$(grep -v '^#' "$root/constraints/oldest-triton.txt" | grep -m1 .)
+  dir="$venv/oldest-triton"
+  stamp="$dir/.specverify-pin"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$pin" ]; then
+    rm -rf "$dir"
+    echo "env.sh: installing $pin into $dir (the oldest supported triton)" >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --target "$dir" "$pin" >&2
+    echo "$pin" > "$stamp"
+  fi
+  echo "$dir"
+}
+
 if [ "${SPECVERIFY_ENV_FUNCTIONS_ONLY:-0}" = 1 ]; then
   return 0 2>/dev/null || exit 0
 fi
@@ -65,7 +98,16 @@ stamp="$venv/.specverify-install"
 want=$(cat "$root/pyproject.toml" "$root/constraints/cpu.txt" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   constraint=()
-  if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+  if "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+    # An existing torch (or triton) is kept, never replaced: one outside the supported range is
+    # refused here, before pip would swap it for another.
+    outside=$(sv_outside_supported_range "$venv/bin/python")
+    if [ -n "$outside" ]; then
+      echo "env.sh: $outside (in $venv/bin/python); install a supported one there, or point PYTHON at" \
+           "another interpreter" >&2
+      exit 1
+    fi
+  else
     constraint=(-c "$root/constraints/cpu.txt")
     # The plain torch wheel of the public index pulls the CUDA toolkit (gigabytes): ask for the
     # CPU build where the configured index would serve that one.

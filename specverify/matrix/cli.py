@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only tests of these dtypes (names of specverify.dtypes; '-' = tests without a dtype; "
                         "space- or comma-separated)")
     p.add_argument("--algorithms", nargs="+", metavar="ALGO", help="only tests of these algorithms: eagle naive_eagle target -")
+    p.add_argument("--capabilities", nargs="+", metavar="CAP",
+                   help="CPU instruction sets to run each profile under (ATEN_CPU_CAPABILITY values: native default "
+                        "avx2 avx512 ...; 'native' = this machine's own); one column per profile and capability "
+                        "(default: one run, keeping the caller's ATEN_CPU_CAPABILITY)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: reports/)")
     p.add_argument("--label", default=None, help="machine label in matrix.json (default: the device: 'cpu' or "
                                                  "the GPU name)")
@@ -48,13 +52,14 @@ def command(args) -> int:
     rest = list(args.rest or [])
     try:
         for option, values in (("--profiles", args.profiles), ("--dtypes", args.dtypes),
-                               ("--algorithms", args.algorithms)):
+                               ("--algorithms", args.algorithms), ("--capabilities", args.capabilities)):
             if values and "merge" in values:     # nargs="+" swallowed the sub-command
                 raise MatrixError(f"{option} took 'merge' as a name: `matrix merge A.json B.json [-o DIR]` comes "
                                   f"right after `matrix`, without run options")
         if rest and rest[0] == "merge":
             given = [flag for flag, value in (("--profiles", args.profiles), ("--dtypes", args.dtypes),
                                               ("--algorithms", args.algorithms), ("--out", args.out),
+                                              ("--capabilities", args.capabilities),
                                               ("--label", args.label), ("--expectations", args.expectations),
                                               ("--root", args.root)) if value is not None]
             if args.workers != "auto":
@@ -68,7 +73,8 @@ def command(args) -> int:
             rest = rest[1:]
         return run(profiles=args.profiles, dtypes=args.dtypes, algorithms=args.algorithms,
                    out=args.out or Path("reports"), label=args.label, workers=args.workers,
-                   expectations=args.expectations, root=args.root, pytest_args=rest, interval=args.interval)
+                   expectations=args.expectations, root=args.root, pytest_args=rest, interval=args.interval,
+                   capabilities=args.capabilities)
     except MatrixError as e:
         print(f"specverify matrix: error: {e}", file=sys.stderr)
         return 2

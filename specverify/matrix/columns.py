@@ -14,16 +14,20 @@ from specverify.matrix.report import render_text, write_reports
 
 
 def assign_columns(columns: list[dict]) -> None:
-    """Column keys (the profile; profile@label where two columns share a profile; #2, #3 after a
-    still-equal key), then order them: cuda | cuda-emulated | rocm | rocm-emulated | cpu."""
-    per_profile = Counter(c["profile"] for c in columns)
+    """Column keys (the profile, with [capability] when the run forced a CPU capability;
+    base@label where two columns share a base; #2, #3 after a still-equal key), then order them:
+    cuda | cuda-emulated | rocm | rocm-emulated | cpu, a profile's capabilities side by side."""
+    def base(c):
+        return c["profile"] + (f"[{c['cpu_capability']}]" if c.get("capability") else "")
+
+    per_base = Counter(base(c) for c in columns)
     used = Counter()
     for c in columns:
-        key = c["profile"] if per_profile[c["profile"]] == 1 else f"{c['profile']}@{c['label']}"
+        key = base(c) if per_base[base(c)] == 1 else f"{base(c)}@{c['label']}"
         used[key] += 1
         c["column"] = key if used[key] == 1 else f"{key}#{used[key]}"
     columns.sort(key=lambda c: (PROFILE_ORDER.index(c["profile"]) if c["profile"] in PROFILE_ORDER
-                                else len(PROFILE_ORDER), c["label"], c["column"]))
+                                else len(PROFILE_ORDER), c["label"], c.get("capability", ""), c["column"]))
 
 
 COLUMN_KEYS = {"profile": str, "label": str, "status": str, "counts": dict, "records": list}

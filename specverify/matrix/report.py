@@ -76,13 +76,13 @@ def render_md(doc: dict) -> str:
     out = [f"# specverify platform matrix: {doc.get('label', '')}", "",
            f"Created {doc.get('created', '?')}. Cells read passed/failed/skipped/xfailed (passed counts xpassed "
            f"tests, failed counts errors); a failing cell is in bold.", "", "## Platforms", "",
-           "| column | label | device | torch | triton | tests | seconds | status | command |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| column | label | device | CPU capability | torch | triton | numpy | tests | seconds | status | command |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in doc["columns"]:
         n = sum(c["counts"].values())
         status = c["status"] + (f" ({c['note']})" if c.get("note") else "")
-        out.append(f"| {c['column']} | {_md(c['label'])} | {_md(c.get('device', '?'))} | {c.get('torch', '?')} | "
-                   f"{c.get('triton', '?')} | {n} | {c.get('duration_s', '?')} | {_md(status)} | "
+        out.append(f"| {c['column']} | {_md(c['label'])} | {_md(c.get('device', '?'))} | {_capability(c)} | "
+                   f"{c.get('torch', '?')} | {c.get('triton', '?')} | {c.get('numpy', '?')} | {n} | {c.get('duration_s', '?')} | {_md(status)} | "
                    f"`{_md(c.get('command', ''))}` |")
     out += ["", "## Feature x dtype", "", "| feature | dtype | " + " | ".join(columns) + " |",
             "|---|---|" + "---|" * len(columns)]
@@ -133,6 +133,12 @@ def _stale_lines(doc: dict, md: bool) -> list[str]:
     return lines
 
 
+def _capability(c: dict) -> str:
+    """The CPU capability a column ran with; '(forced)' when the run set ATEN_CPU_CAPABILITY."""
+    have = c.get("cpu_capability", "?")
+    return f"{have} (forced)" if c.get("capability") else have
+
+
 def _md(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -174,13 +180,15 @@ def render_html(doc: dict) -> str:
            "<span style=\"background:#f4b4b4\">a failure or error (links to it)</span>"
            "<span style=\"background:#fde3a0\">expected failure</span>"
            "<span style=\"background:#ddd\">only skipped</span></p>",
-           "<h2>Platforms</h2><table><tr><th>column</th><th>label</th><th>device</th><th>torch</th><th>triton</th>"
+           "<h2>Platforms</h2><table><tr><th>column</th><th>label</th><th>device</th><th>CPU capability</th>"
+           "<th>torch</th><th>triton</th><th>numpy</th>"
            "<th>tests</th><th>seconds</th><th>status</th><th>command</th></tr>"]
     for c in doc["columns"]:
         cls = "fail" if has_failures(c) else "pass"
         note = f" ({c['note']})" if c.get("note") else ""
         out.append(f"<tr><td>{e(c['column'])}</td><td>{e(c['label'])}</td><td>{e(str(c.get('device', '?')))}</td>"
-                   f"<td>{e(str(c.get('torch', '?')))}</td><td>{e(str(c.get('triton', '?')))}</td>"
+                   f"<td>{e(_capability(c))}</td><td>{e(str(c.get('torch', '?')))}</td>"
+                   f"<td>{e(str(c.get('triton', '?')))}</td><td>{e(str(c.get('numpy', '?')))}</td>"
                    f"<td class=\"num\">{sum(c['counts'].values())}</td><td class=\"num\">{c.get('duration_s', '?')}</td>"
                    f"<td class=\"{cls}\">{e(c['status'] + note)}</td><td><code>{e(str(c.get('command', '')))}</code>"
                    "</td></tr>")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform as _platform
 import re
 import shlex
 import signal
@@ -15,11 +14,14 @@ import threading
 import time
 from pathlib import Path
 
-from specverify.matrix.checks import check_label, check_names, check_profiles, check_workers, default_root
+from specverify.matrix.checks import (check_capabilities, check_label, check_names, check_profiles, check_workers,
+                                      default_root)
 from specverify.matrix.columns import _now, assign_columns
 from specverify.matrix.errors import ALGORITHMS, NO_DTYPE, SCHEMA, MatrixError
 from specverify.matrix.junit import count, has_failures, parse_junit
 from specverify.matrix.report import render_text, write_reports
+from specverify import environment
+from specverify.environment import CAPABILITY_ENV
 
 DEFAULT_INTERVAL_S = 10.0     # seconds between two progress lines of one profile
 OK_RETURNCODES = (0, 1, 5)    # pytest: all passed, some failed, nothing collected
@@ -58,11 +60,13 @@ class ProgressCounter:
             return done, failed
 
 
-def pytest_command(profile: str, out: Path, workers: str, dtypes, algorithms, expectations: Path | None,
+def pytest_command(stem: str, out: Path, workers: str, dtypes, algorithms, expectations: Path | None,
                    pytest_args: list[str]) -> list[str]:
+    """The child's pytest command; its JUnit XML and expectations report are named after `stem`
+    (the profile, with the CPU capability when a run has several)."""
     cmd = [sys.executable, "-m", "pytest", "-n", workers, "-p", "no:cacheprovider", "-q",
-           f"--junitxml={out / f'junit-{profile}.xml'}",
-           f"--sv-expectations-report={out / f'expectations-{profile}.json'}"]
+           f"--junitxml={out / f'junit-{stem}.xml'}",
+           f"--sv-expectations-report={out / f'expectations-{stem}.json'}"]
     if dtypes:
         cmd.append(f"--sv-dtypes={','.join(dtypes)}")
     if algorithms:
@@ -72,22 +76,27 @@ def pytest_command(profile: str, out: Path, workers: str, dtypes, algorithms, ex
     return cmd + list(pytest_args)
 
 
-def child_env(profile: str) -> dict:
+def child_env(profile: str, capability: str | None = None) -> dict:
+    """The child's environment: the profile, and ATEN_CPU_CAPABILITY = `capability` (None: unset,
+    the machine's own instruction set)."""
     # A matrix started from inside a pytest run (its own tests) must not hand the child the
     # parent's per-test or xdist-worker variables.
     env = {k: v for k, v in os.environ.items()
-           if k != "PYTEST_CURRENT_TEST" and not k.startswith("PYTEST_XDIST_")}
+           if k not in ("PYTEST_CURRENT_TEST", CAPABILITY_ENV) and not k.startswith("PYTEST_XDIST_")}
     env["SPECVERIFY_PLATFORM"] = profile
+    if capability is not None:
+        env[CAPABILITY_ENV] = capability
     return env
 
 
-def run_profile(profile: str, cmd: list[str], root: Path, log: Path, interval: float, say) -> tuple[int, float]:
-    """Run one profile's pytest, its output into `log`; progress lines through `say`.
-    Returns (pytest's exit status, seconds)."""
+def run_profile(profile: str, cmd: list[str], root: Path, log: Path, interval: float, say,
+                capability: str | None = None) -> tuple[int, float]:
+    """Run one profile's pytest (under ATEN_CPU_CAPABILITY = capability, None: unset), its output
+    into `log`; progress lines through `say`. Returns (pytest's exit status, seconds)."""
     counter = ProgressCounter()
     start = time.monotonic()
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(cmd, cwd=root, env=child_env(profile), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=root, env=child_env(profile, capability), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
         def pump():
@@ -117,18 +126,10 @@ def run_profile(profile: str, cmd: list[str], root: Path, log: Path, interval: f
 # the run
 
 
-def _versions() -> dict:
-    import torch
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "absent"
-    return {"torch": torch.__version__, "triton": triton_version, "python": _platform.python_version()}
-
-
 def run(*, profiles, dtypes, algorithms, out: Path, label, workers, expectations, root, pytest_args,
-        interval: float = DEFAULT_INTERVAL_S, say=None) -> int:
+        interval: float = DEFAULT_INTERVAL_S, say=None, capabilities=None) -> int:
+    """One pytest run per (profile, CPU capability): capabilities are ATEN_CPU_CAPABILITY names
+    ('native' = the machine's own; None = one run keeping the caller's variable)."""
     say = say or (lambda line: print(line, flush=True))
     from specverify.dtypes import DTYPES
     from specverify.platform import get_profile
@@ -137,6 +138,7 @@ def run(*, profiles, dtypes, algorithms, out: Path, label, workers, expectations
     algorithms = check_names("--algorithms", algorithms, ALGORITHMS)
     workers = check_workers(workers)
     label = check_label(label)
+    capabilities = check_capabilities(capabilities)
     if not interval > 0:
         raise MatrixError(f"--interval: expected seconds > 0, got {interval}")
     root = (root or default_root()).resolve()
@@ -146,25 +148,39 @@ def run(*, profiles, dtypes, algorithms, out: Path, label, workers, expectations
         raise MatrixError(f"--expectations: {expectations} is not a directory")
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    versions = _versions()
-    say(f"specverify matrix: {len(profiles)} profile(s) {', '.join(profiles)}; label {label!r}; "
+    versions = environment.versions()
+    several = len(capabilities) > 1
+    say(f"specverify matrix: {len(profiles)} profile(s) {', '.join(profiles)}; CPU capabilities "
+        f"{', '.join(have + ('' if want else ' (native)') for want, have in capabilities)}; label {label!r}; "
         f"workers {workers}; output {out}")
+    runs = [(p, want, have) for want, have in capabilities for p in profiles]
     columns = []
-    for i, profile in enumerate(profiles, 1):
-        junit, sidecar = out / f"junit-{profile}.xml", out / f"expectations-{profile}.json"
+    for i, (profile, want, have) in enumerate(runs, 1):
+        # Files of a forced capability carry its name, so two capabilities never share a file.
+        stem = f"{profile}-{have}" if several else profile
+        junit, sidecar = out / f"junit-{stem}.xml", out / f"expectations-{stem}.json"
         for stale_file in (junit, sidecar):
             stale_file.unlink(missing_ok=True)
-        cmd = pytest_command(profile, out, workers, dtypes, algorithms,
+        cmd = pytest_command(stem, out, workers, dtypes, algorithms,
                              expectations.resolve() if expectations is not None else None, pytest_args)
-        shown = f"SPECVERIFY_PLATFORM={profile} " + shlex.join(["python", *cmd[1:]])
-        say(f"[{i}/{len(profiles)}] {profile}: {shown}")
-        log = out / f"pytest-{profile}.log"
-        rc, seconds = run_profile(profile, cmd, root, log, interval, say)
+        shown = (f"SPECVERIFY_PLATFORM={profile} " + (f"{CAPABILITY_ENV}={want} " if want else "")
+                 + shlex.join(["python", *cmd[1:]]))
+        name = f"{profile} [{have}]" if several else profile
+        say(f"[{i}/{len(runs)}] {name}: {shown}")
+        log = out / f"pytest-{stem}.log"
+        rc, seconds = run_profile(profile, cmd, root, log, interval, say, capability=want)
         column = _column(profile, label, get_profile(profile), versions, shown, rc, seconds, junit, sidecar, log)
-        column["argv"] = cmd
+        # The child's own record of its capability (the expectations report) is the truth; the
+        # probe made before the run must agree with it.
+        ran = ((column.get("expectations") or {}).get("environment") or {}).get("cpu_capability")
+        column.update(argv=cmd, cpu_capability=ran or have, capability=want or "")
+        if ran and ran != have:
+            column["status"] = "broken"
+            column["note"] = (column["note"] + "; " if column["note"] else "") + \
+                f"the run used CPU capability {ran!r}, not the {have!r} it was started for"
         columns.append(column)
         c = column["counts"]
-        say(f"[{i}/{len(profiles)}] {profile}: {column['status']} in {seconds:.1f} s: {c['passed']} passed, "
+        say(f"[{i}/{len(runs)}] {name}: {column['status']} in {seconds:.1f} s: {c['passed']} passed, "
             f"{c['failed']} failed, {c['error']} error(s), {c['skipped']} skipped, {c['xfailed']} xfailed, "
             f"{c['xpassed']} xpassed (pytest exit {rc}){': ' + column['note'] if column['note'] else ''}")
     doc = {"schema": SCHEMA, "label": label, "created": _now(), "root": str(root),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from specverify import environment
 from specverify.dtypes import DTYPES
 from specverify.platform import get_profile
 from tests.matrix import classify as mclassify
@@ -161,7 +162,8 @@ class MatrixPlugin:
         claimed = self.matching.claimed if self.matching else {}
         data = {"profile": get_profile().name, "dir": str(self.expect_dir) if self.expect_dir else None,
                 "entries": [{**e.as_dict(), "applied": len(claimed.get(e.ref, []))} for e in self.entries],
-                "unmatched_checked": self.whole[0], "unmatched_note": self.whole[1], "stale": self.stale()}
+                "unmatched_checked": self.whole[0], "unmatched_note": self.whole[1], "stale": self.stale(),
+                "environment": environment.describe()}
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(data, indent=1))
 

@@ -94,5 +94,22 @@ def test_seed_is_crc32_of_test_id(suite):
 def test_report_header_names_platform_and_env(suite, monkeypatch):
     monkeypatch.setenv("SPECVERIFY_PLATFORM", "rocm-emulated")
     result = suite.runpytest_subprocess("-k", "plain", "-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["*platform profile rocm-emulated*", "*torch *triton*",
+    result.stdout.fnmatch_lines(["*platform profile rocm-emulated*", "*torch *triton *numpy *python*",
+                                 "*CPU capability * (ATEN_CPU_CAPABILITY=*), intra-op threads *",
                                  "*SPECVERIFY_PLATFORM*rocm-emulated*"])
+
+
+def test_report_header_prints_the_cpu_capability_and_flags_one_torch_ignored(suite, monkeypatch):
+    """The capability the run really used is printed; a requested one torch did not take (an
+    unknown name: torch falls back to the best silently) is a warning line, not a silent run."""
+    import torch
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    best = torch.backends.cpu.get_cpu_capability().lower()      # read before the variable changes
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    result = suite.runpytest_subprocess("-k", "plain", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*CPU capability default (ATEN_CPU_CAPABILITY=default)*"])
+    result.stdout.no_fnmatch_line("*WARNING*")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "no-such-isa")
+    result = suite.runpytest_subprocess("-k", "plain", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines([f"*CPU capability {best} (ATEN_CPU_CAPABILITY=no-such-isa)*",
+                                 f"*WARNING: ATEN_CPU_CAPABILITY='no-such-isa' but torch's CPU kernels use '{best}'*"])

@@ -209,6 +209,31 @@ def test_merge_refuses_malformed_input_naming_the_file(tmp_path, capsys, content
     assert "absent.json: cannot be read" in capsys.readouterr().err
 
 
+def test_cpu_capabilities_are_a_column_axis(tmp_path, capsys):
+    """--capabilities native default: one column per capability, the forced one keyed cpu[default]
+    and run with ATEN_CPU_CAPABILITY=default (the child records what it ran under, and the reports
+    print it); the native one keeps the plain key."""
+    native = torch.backends.cpu.get_cpu_capability().lower()
+    caps = ["native", "default"] if native != "default" else ["native"]
+    out = tmp_path / "reports"
+    rc, stdout, _ = run_matrix(["--profiles", "cpu", "--capabilities", *caps, "--workers", "0", "--out", str(out),
+                                "--", "tests/test_platform.py", "-k", "resolve"], capsys)
+    assert rc == 0, stdout[-3000:]
+    doc = json.loads((out / "matrix.json").read_text())
+    cols = {c["column"]: c for c in doc["columns"]}
+    want = {"cpu": native} | ({"cpu[default]": "default"} if len(caps) == 2 else {})
+    assert {k: c["cpu_capability"] for k, c in cols.items()} == want
+    for key, col in cols.items():
+        assert col["expectations"]["environment"]["cpu_capability"] == want[key]
+        assert col["counts"]["passed"] > 0 and col["status"] == "passed"
+        assert col["numpy"] and col["triton"]
+    if len(caps) == 2:
+        assert cols["cpu[default]"]["command"].startswith("SPECVERIFY_PLATFORM=cpu ATEN_CPU_CAPABILITY=default ")
+        assert (out / "junit-cpu-default.xml").is_file() and (out / f"junit-cpu-{native}.xml").is_file()
+        assert "| cpu[default] | " in (out / "matrix.md").read_text()
+        assert "default (forced)" in (out / "matrix.md").read_text()
+
+
 # ---------------------------------------------------------------------------------------------
 # arguments
 
@@ -225,6 +250,8 @@ BAD_ARGS = {
     "run-option-on-merge": (["--label", "x", "merge", "a.json"], r"--label belong to a matrix run"),
     "merge-after-profiles": (["--profiles", "cpu", "merge", "a.json"], r"--profiles took 'merge' as a name"),
     "expectations-missing": (["--expectations", "/nonexistent/dir"], r"--expectations: /nonexistent/dir is not a dir"),
+    "unknown-capability": (["--capabilities", "avx9000"], r"--capabilities: torch does not run 'avx9000' here"),
+    "capability-twice": (["--capabilities", "native", "native"], r"--capabilities: 'native' runs .* list it once"),
 }
 
 
