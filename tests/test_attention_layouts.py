@@ -16,6 +16,8 @@ import reference
 from specverify.kernels.attention import paged_attention_impl
 from specverify.models import chain_mask
 
+pytestmark = pytest.mark.kernels
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -5,7 +5,9 @@ item 2), on the CPU: `SpecConfig(algorithm="mtp" | "dflash")` runs `engine/block
   with the drafts steered at agreement 0.7 (tests/support/steering.py, the DFlash block rows by
   6.11's mask-token rule) so that cycles accept no draft, some and all of them;
 - the padded-bucket path (what CUDA graphs replay) decodes exactly as the live-shape path, greedy
-  and sampled, and never leaks into live requests' K/V (every MTP head's layer included) or state;
+  and sampled, and never leaks into live requests' K/V (every MTP head's layer included) or state:
+  padded runs with zeros and NaN in the pad lanes are bit-identical, live vs padded tokens exact
+  and floats by the tolerance table;
 - what the drafts compute: the chains equal the cache-free reference's (`reference.eagle`) cycle by
   cycle; every DFlash block row's logits equal the reference head's over all context and block
   rows (bidirectional); MTP step i runs head i (its own weights and K/V layer);
@@ -32,7 +34,8 @@ from specverify.engine.speculative import SpecConfig, SpecDecoder
 from specverify.models import DraftHead
 from tests.support.cases import cached_models, ragged_prompts, steered_cached_models
 from tests.support.traces import compare_traces
-from tests.test_device_cycle import assert_pad_row_maps_to_sink, assert_same_live_state, start_decoder
+from tests.support.pad_contents import fill_pad_contents
+from tests.test_device_cycle import EXACT, assert_pad_row_maps_to_sink, assert_same_live_state, start_decoder
 
 VOCAB = 389                        # the tiny preset
 PROMPTS = ragged_prompts(29, 4, VOCAB, max_len=8)
@@ -42,6 +45,7 @@ ALGORITHMS = ("mtp", "dflash")
 SPECS = {"mtp": SpecConfig(algorithm="mtp"), "dflash": SpecConfig(algorithm="dflash"),
          "mtp-S2": SpecConfig(algorithm="mtp", num_steps=2), "dflash-page4": SpecConfig(algorithm="dflash", page_size=4)}
 SAMPLING = {"greedy": SamplingParams(), "t0.1-topk20": SamplingParams(temperature=0.1, top_k=20)}
+FILLS = ("zeros", "nan")           # pad contents of the padded runs (tests/support/pad_contents.py)
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,31 +85,45 @@ def test_penalized_greedy_is_lossless(algorithm):
 
 # -- the padded path -------------------------------------------------------------------------------
 
+@pytest.mark.bitexact
 @pytest.mark.parametrize("sampling, spec_name, hybrid", [
     ("greedy", "mtp", False), ("greedy", "dflash-page4", False),
     ("t0.1-topk20", "mtp", True), ("t0.1-topk20", "dflash", True),
 ], ids=["greedy-mtp", "greedy-dflash-page4", "sampled-mtp-hybrid", "sampled-dflash-hybrid"])
 def test_padded_buckets_decode_exactly_as_live_shapes(sampling, spec_name, hybrid):
-    """Step for step: the same outputs, and every running request's cached K/V (target and every
-    draft layer) and state rows are bit for bit the live run's; the pad row owns no slot.
-    The hybrid cases compute in float64: in float32 the hybrid target's hidden states at a live
-    lane can differ by an ulp between batch shapes on the CPU (EAGLE's cycle too, on this
-    workload), which the draft's K/V then show; float64 keeps the comparison exact."""
-    models = steered(hybrid, "float64" if hybrid else "float32")
+    """Step for step: padded runs whose pad lanes hold zeros and NaN (tests/support/pad_contents.py,
+    refilled after every step) keep every running request's cached K/V (target and every draft
+    layer) and state rows bit for bit the same (same shapes: exact on every machine), and equal
+    the live-shape run's: outputs, traces and accept lengths exactly, floats by the tolerance of
+    the compute dtype (the live run does its matrix products at other row counts, which a CPU GEMM
+    may round apart); the pad row owns no slot. The hybrid cases compute in float64, so that an
+    ulp of batch-shape rounding in the hidden states cannot flip a sampled token either."""
+    compute = "float64" if hybrid else "float32"
+    models = steered(hybrid, compute)
     spec, params = SPECS[spec_name], SAMPLING[sampling]
     live, lreqs = start_decoder(models, spec, params, PROMPTS, BUDGETS, eos=None, pad_batches=False)
-    padded, preqs = start_decoder(models, spec, params, PROMPTS, BUDGETS, eos=None, pad_batches=True)
+    padded = {kind: start_decoder(models, spec, params, PROMPTS, BUDGETS, eos=None, pad_batches=True)
+              for kind in FILLS}
     layers = spec.num_steps if spec.algorithm == "mtp" else 1
-    assert len(padded.cache.draft_kv.k) == len(live.cache.draft_kv.k) == layers
+    assert all(len(dec.cache.draft_kv.k) == layers for dec, _ in padded.values()) and len(live.cache.draft_kv.k) == layers
     steps = 0
-    while live.running() or padded.running():
+    while live.running() or any(dec.running() for dec, _ in padded.values()):
+        for kind, (dec, _) in padded.items():
+            filled = fill_pad_contents(dec, kind, seed=steps)
+            assert {"pending", "draft K sink [0]"} <= set(filled), f"{kind}: filled only {filled}"
         live.step()
-        padded.step()
+        for dec, _ in padded.values():
+            dec.step()
         steps += 1
-        assert_same_live_state(padded, preqs, live, lreqs, f"{spec_name} after step {steps}")
-        assert_pad_row_maps_to_sink(padded, f"{spec_name} after step {steps}")
-    assert padded.traces == live.traces
-    assert [r.accept_lengths for r in preqs] == [r.accept_lengths for r in lreqs]
+        what = f"{spec_name} after step {steps}"
+        (zeros, zreqs), (nan, nreqs) = padded["zeros"], padded["nan"]
+        assert_same_live_state(nan, nreqs, zeros, zreqs, f"{what}: NaN pad lanes against zeros", floats=EXACT)
+        assert_same_live_state(zeros, zreqs, live, lreqs, f"{what}: padded against live shapes", floats=compute)
+        for kind, (dec, _) in padded.items():
+            assert_pad_row_maps_to_sink(dec, f"{what} ({kind})")
+    for dec, reqs in padded.values():
+        assert dec.traces == live.traces
+        assert [r.accept_lengths for r in reqs] == [r.accept_lengths for r in lreqs]
     assert max(n for r in lreqs for n in r.accept_lengths) >= 2, "no cycle accepted a draft token"
     assert steps >= 4
 

@@ -20,6 +20,8 @@ import reference
 from specverify import ops
 from specverify.kernels import chain_tree, verify_stochastic
 
+pytestmark = pytest.mark.kernels
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 IMPLS = ["torch", "triton"]
 

@@ -12,6 +12,8 @@ from tests.support.asserts import assert_close
 from tests.support.cases import cached_models
 from tests.support.steering import PEAK_MARGIN, SteeredDraft, agreement_draw, steer_logits
 
+pytestmark = pytest.mark.bitexact
+
 
 def draft_batch(rows, kv_lens, tokens, device="cpu") -> Batch:
     bs, q = tokens.shape

@@ -24,6 +24,8 @@ from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.models import SlotTable, chain_mask
 from tests.support.asserts import assert_close
 
+pytestmark = pytest.mark.kernels
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SENTINEL = -7
 

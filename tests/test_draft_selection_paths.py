@@ -173,11 +173,13 @@ def test_gate_check_fails_on_a_wrong_argmax():
 
 def test_shipped_softmax_path_merges_ulp_adjacent_logits_on_the_cpu():
     """Why the gate is about argmax and not about agreement: on the CPU the shipped softmax merges
-    ulp-adjacent logits (0.49999997 and 0.5 get one probability) and topk then breaks the contract
-    on some of the probe rows, while argmax does not. The CPU profile rightly allows the fast path."""
+    ulp-adjacent logits (0.49999997 and 0.5 can get one probability) and topk then breaks the
+    contract on some of the probe rows, while argmax does not. The CPU profile rightly allows the
+    fast path. (Whether one given pair merges depends on the last bit of the CPU's vectorized exp,
+    so the test counts over 256 probe rows instead of asserting one pair's equality; argmax
+    compares the logits themselves and is exact everywhere.)"""
     up = torch.tensor([[0.49999997, 0.5, -1.0, -2.0]], dtype=torch.float32)
-    probs = torch.softmax(up, dim=-1)
-    assert probs[0, 0] == probs[0, 1] and torch.argmax(up, dim=-1).item() == 1
+    assert torch.argmax(up, dim=-1).item() == 1
     rows = ulp_adjacent_rows(torch.Generator().manual_seed(3), 256, 1031)
     fast, soft = shipped_top1(rows)
     finding = gate_finding(fast.tolist(), soft.tolist(), contract_top1(rows))

@@ -16,6 +16,8 @@ from hypothesis.extra import numpy as hnp
 from reference import fp8 as ref
 from specverify import dtypes as D
 
+pytestmark = pytest.mark.bitexact
+
 FP8 = D.FP8_DTYPES
 NON_FP8_LOGITS = tuple(d for d in D.LOGITS_DTYPES if d not in FP8)
 # Seeded (derandomized); the number of examples comes from the loaded hypothesis profile.

@@ -28,7 +28,7 @@ from specverify.platform import ALL_PROFILE_NAMES, ENV_VAR, available_profiles, 
 from tests.support import golden_catalogue as cat
 from tests.support.registry import REGISTRY
 
-pytestmark = pytest.mark.golden
+pytestmark = [pytest.mark.golden, pytest.mark.kernels, pytest.mark.bitexact]
 
 ROOT = golden.GOLDEN_DIR
 CASES = [c for c in cat.CATALOGUE if isinstance(c, golden.GoldenCase)]

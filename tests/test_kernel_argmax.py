@@ -11,6 +11,8 @@ from specverify import dtypes
 from specverify.kernels.argmax import row_argmax
 from tests.support import strategies as S
 
+pytestmark = pytest.mark.kernels
+
 
 def triton_device():
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -21,6 +21,8 @@ from specverify.kernels.launch import check_launchable
 from specverify.kernels import DraftTree, build_tree, chain_tree, target_predict, verify_greedy, verify_stochastic
 from specverify.kernels import tree as tree_mod
 
+pytestmark = [pytest.mark.kernels, pytest.mark.bitexact]
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 IMPLS = ["torch", "triton"]
 

@@ -23,6 +23,8 @@ from tests.support.registry import (
     select_samples,
 )
 
+pytestmark = pytest.mark.kernels
+
 PROFILES = available_profiles()
 # The profile SPECVERIFY_PLATFORM selects (None when unset): platform-dependent ops run there only.
 # (A bad value never gets here: the conftest refuses it at configure time.)

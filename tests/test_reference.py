@@ -21,6 +21,8 @@ from reference.sampling import counter_uniform, draw, filtered_probs, keep_min_p
 
 from reference import fp8 as ref_fp8  # noqa: F401  (an import error fails the module, never skips it)
 
+pytestmark = pytest.mark.bitexact
+
 # Skip only where the FP8 dtypes are genuinely absent from this torch (the tests cast with them).
 _FP8_ABSENT = [n for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
                if not isinstance(getattr(torch, n, None), torch.dtype)]

@@ -25,6 +25,8 @@ from reference import eagle
 from tests.support.cases import cached_models
 from tests.support.steering import steer_logits
 
+pytestmark = pytest.mark.bitexact
+
 PROMPTS = [[17, 250, 3, 99, 41], [7, 8, 300, 12], [200, 5]]
 BUDGETS = [8, 7, 6]
 SEED = 11

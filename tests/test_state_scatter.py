@@ -21,6 +21,8 @@ import reference
 from specverify import ops
 from specverify.kernels import state_scatter as kernel
 
+pytestmark = [pytest.mark.kernels, pytest.mark.bitexact]
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 IMPLS = ["torch", "triton"]
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}

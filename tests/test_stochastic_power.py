@@ -316,6 +316,7 @@ def test_strict_comparison_on_the_grid_and_le_detected(name, monkeypatch):
                             + describe(law, law_le, n)
 
 
+@pytest.mark.kernels
 def test_triton_walk_equals_torch_and_reference_on_the_grid():
     """The boundary u == acc on the Triton kernel (interpreted on the CPU): grid coins and grid
     probabilities, every request's outputs equal to the torch fallback and to

@@ -21,6 +21,8 @@ from reference.sampling import counter_uniform
 from specverify.engine.uniforms import counter_uniforms
 from tests.support.stats import chi_square_pvalue
 
+pytestmark = pytest.mark.bitexact
+
 ROOT = Path(__file__).resolve().parents[1]
 TOP = 2**32 - 1
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

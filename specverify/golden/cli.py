@@ -37,11 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--side", choices=("both", REFERENCE, OPTIMIZED), default="both")
 
 
-def _interpreter_problem() -> str | None:
-    """`check` runs Triton kernels on CPU tensors: without a GPU they need TRITON_INTERPRET=1 set
-    before triton is imported (the suite's conftest sets it; the command line cannot, since
-    `specverify` imports triton). Started as `python -m ...`, the command re-executes itself with
-    it set; otherwise it says what to run."""
+def _interpreter_problem(command_name: str) -> str | None:
+    """`check` runs Triton kernels on CPU tensors, and `regen` must run in the environment the
+    suite runs in (so that the caller's TRITON_INTERPRET cannot change a golden): without a GPU
+    both need TRITON_INTERPRET=1 set before triton is imported (the suite's conftest sets it; the
+    command line cannot, since `specverify` imports triton). Started as `python -m ...`, the
+    command re-executes itself with it set; otherwise it says what to run."""
     if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
         return None
     argv = list(getattr(sys, "orig_argv", []) or [])
@@ -49,8 +50,8 @@ def _interpreter_problem() -> str | None:
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, *argv[1:]], {**os.environ, "TRITON_INTERPRET": "1"})
-    return ("golden check on a machine without a GPU needs the Triton interpreter: run it as "
-            "TRITON_INTERPRET=1 python -m specverify golden check")
+    return (f"golden {command_name} on a machine without a GPU needs the Triton interpreter: run it as "
+            f"TRITON_INTERPRET=1 python -m specverify golden {command_name}")
 
 
 def command(args) -> int:
@@ -59,8 +60,11 @@ def command(args) -> int:
     # makes OpenMP threads spin (measured: 150 s instead of 10 s for one check), and a fixed
     # thread count keeps float reductions in one order whatever the machine's core count.
     torch.set_num_threads(1)
-    if args.golden_command == "check":
-        problem = _interpreter_problem()
+    if args.root and (args.golden_command != "regen" or Path(args.root).exists()) and not Path(args.root).is_dir():
+        print(f"error: --root {args.root!r}: not a directory", file=sys.stderr)
+        return 2
+    if args.golden_command in ("check", "regen"):
+        problem = _interpreter_problem(args.golden_command)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2

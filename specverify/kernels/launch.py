@@ -8,8 +8,9 @@ to Python scalars"), while a while condition only needs bool(array), which NumPy
 loop whose trip count is read at run time is a `while` loop where that is no slower compiled. A
 constexpr bound is a Python int in every version, so a loop over one may stay a for loop. Compiled,
 Triton software-pipelines for loops only: attention.py's KV loop stays `for ... in range(...)`, as
-a while loop there ran 2x slower on an H100, spilling registers (that kernel does not run under
-Triton 3.6's interpreter with NumPy >= 2.4).
+a while loop there ran 2x slower on an H100, spilling registers. So that one kernel does not run
+under Triton 3.6's interpreter with NumPy >= 2.4; its tests are strict xfails there, by
+tests/expectations/all.toml, under a condition probed at start-up (tests/matrix/conditions.py).
 """
 
 from __future__ import annotations

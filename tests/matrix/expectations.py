@@ -8,6 +8,8 @@ One file per profile name (`cpu.toml`, `cuda.toml`, `rocm.toml`, `cuda-emulated.
     reason = why                                                           required
     raises = exception class name (builtin, or dotted path module.Class)   xfail only, required there
     dtype  = dtype name: only tests classified with this dtype             optional
+    when   = an environment condition of tests/matrix/conditions.py        optional
+             (the entry applies only where that condition holds)
 
 Only the active profile's file and all.toml apply (the profile's own entries first, then all.toml,
 each in file order); a test takes the FIRST entry that matches it. An xfail becomes
@@ -32,14 +34,15 @@ import builtins
 import dataclasses
 import importlib
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
+from tests.matrix import conditions as mconditions
 from tests.matrix.classify import read_toml
 
 PROFILE_NAMES = ("cpu", "cuda", "rocm", "cuda-emulated", "rocm-emulated")
 ALL = "all"
 KINDS = ("xfail", "skip")
-ENTRY_KEYS = {"test": str, "kind": str, "reason": str, "raises": str, "dtype": str}
+ENTRY_KEYS = {"test": str, "kind": str, "reason": str, "raises": str, "dtype": str, "when": str}
 REQUIRED = ("test", "kind", "reason")
 PASSED, UNMATCHED = "passed", "unmatched"
 
@@ -59,6 +62,7 @@ class Entry:
     raises: type | None = None
     raises_name: str | None = None
     dtype: str | None = None
+    when: str | None = None
 
     @property
     def ref(self) -> str:
@@ -73,7 +77,8 @@ class Entry:
 
     def as_dict(self) -> dict:
         return {"ref": self.ref, "file": self.file, "index": self.index, "scope": self.scope, "test": self.test,
-                "kind": self.kind, "reason": self.reason, "raises": self.raises_name, "dtype": self.dtype}
+                "kind": self.kind, "reason": self.reason, "raises": self.raises_name, "dtype": self.dtype,
+                "when": self.when}
 
 
 def resolve_exception(name: str) -> type:
@@ -123,8 +128,12 @@ def _entry(record, where: str, file: str, index: int, scope: str, dtypes: Iterab
     known = list(dtypes)
     if dtype is not None and dtype not in known:
         raise ExpectationError(f"{where}: dtype {dtype!r} is not a registered dtype; choose from {known}")
+    when = record.get("when")
+    if when is not None and when not in mconditions.CONDITIONS:
+        raise ExpectationError(f"{where}: when {when!r} is not a known condition; choose from "
+                               f"{sorted(mconditions.CONDITIONS)}")
     return Entry(file, index, scope, record["test"], record["kind"], record["reason"], raises,
-                 record.get("raises"), dtype)
+                 record.get("raises"), dtype, when)
 
 
 def _shown(path: Path, root: Path | None) -> str:
@@ -163,9 +172,12 @@ def load_dir(directory: Path, dtypes: Iterable[str], root: Path | None = None) -
     return entries
 
 
-def for_profile(entries: Sequence[Entry], profile: str) -> list[Entry]:
-    """The entries that apply under `profile`: its own file first, then all.toml."""
-    return [e for e in entries if e.scope == profile] + [e for e in entries if e.scope == ALL]
+def for_profile(entries: Sequence[Entry], profile: str,
+                holds: Callable[[str], bool] = mconditions.holds) -> list[Entry]:
+    """The entries that apply under `profile`: its own file first, then all.toml; an entry with a
+    `when` only where `holds(when)` (the others are inactive, never reported stale)."""
+    active = [e for e in entries if e.when is None or holds(e.when)]
+    return [e for e in active if e.scope == profile] + [e for e in active if e.scope == ALL]
 
 
 @dataclasses.dataclass

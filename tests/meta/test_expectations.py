@@ -7,12 +7,15 @@ conftest; the --sv-dtypes / --sv-algorithms rule (end to end: tests/meta/test_ma
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specverify import matrix
 from specverify.dtypes import DTYPES
+from tests.matrix import conditions as C
 from tests.matrix import expectations as E
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +56,7 @@ BAD_FILES = {
     "unknown-kind": (entry_toml(test="t", kind="maybe", reason="r"), r"#1: kind 'maybe' is not one of"),
     "empty-test": (entry_toml(test="", kind="skip", reason="r"), r"#1: test \(a node-id prefix\) is empty"),
     "unknown-dtype": (entry_toml(**GOOD, dtype="float12"), r"#1: dtype 'float12' is not a registered dtype"),
+    "unknown-condition": (entry_toml(**GOOD, when="sunny"), r"#1: when 'sunny' is not a known condition"),
     "wrong-type": (entry_toml(**{**GOOD, "reason": 3}), r"#1: reason must be a string"),
     "second-entry": (entry_toml(**GOOD) + entry_toml(test="t", kind="skip"), r"cpu\.toml \[\[expect\]\] #2: missing"),
     "not-toml": ("[[expect]\ntest = ", r"cpu\.toml: not valid TOML"),
@@ -102,6 +106,32 @@ def test_an_entry_applies_under_its_own_profile_only(tmp_path):
     rocm = E.for_profile(entries, "rocm-emulated")
     assert [e.ref for e in rocm] == ["rocm-emulated.toml #1", "all.toml #1", "all.toml #2"]
     assert E.for_profile(entries, "cuda") == [e for e in entries if e.scope == "all"]
+
+
+def test_a_conditional_entry_applies_only_where_its_condition_holds(tmp_path):
+    name = next(iter(C.CONDITIONS))
+    write(tmp_path / "all.toml", entry_toml(test="t.py::test_a", kind="skip", reason="always")
+          + entry_toml(test="t.py::test_b", kind="skip", reason="sometimes", when=name))
+    entries = E.load_dir(tmp_path, DTYPES, tmp_path)
+    assert entries[1].when == name and entries[1].as_dict()["when"] == name
+    assert [e.ref for e in E.for_profile(entries, "cpu", holds=lambda n: True)] == ["all.toml #1", "all.toml #2"]
+    inactive = E.for_profile(entries, "cpu", holds=lambda n: False)
+    assert [e.ref for e in inactive] == ["all.toml #1"]
+    # An inactive entry is never judged stale, though nothing matched it.
+    assert E.stale(inactive, E.match(inactive, [("t.py::test_a", "-")]), True, {}) == []
+
+
+def test_the_loop_bound_condition_is_probed(monkeypatch):
+    """The condition runs a kernel; where the versions say how it must come out, it does."""
+    from specverify import environment
+    name = "triton-interpreter-rejects-runtime-loop-bounds"
+    triton_at, numpy_at = environment.release(environment.triton_version())[:2], environment.release(np.__version__)[:2]
+    if triton_at <= (3, 6) and numpy_at >= (2, 4):
+        assert C.holds(name) is (os.environ.get("TRITON_INTERPRET") == "1")
+    if triton_at >= (3, 9) or numpy_at < (2, 4):
+        assert C.holds(name) is False
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert C.CONDITIONS[name]() is False           # compiled Triton has no such limit
 
 
 def test_first_matching_entry_wins_and_dtype_restricts(tmp_path):

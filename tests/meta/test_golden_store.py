@@ -11,6 +11,7 @@ check of a slice of the real catalogue), never written."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -62,6 +63,18 @@ BASE = golden.BaselineSet("accept_lengths", tuple(
                                                                          "tokens": 20})(n))
     for n in MEASURED), 0.05)
 SYNTHETIC = [SYN, BASE]
+
+
+def _environment_build():
+    """Inputs that record what the process that made them ran under."""
+    seen = torch.tensor([os.environ.get("TRITON_INTERPRET") == "1", torch.get_num_threads()], dtype=torch.int64)
+    return {"seen": seen}, {"generator": "the regenerating process's TRITON_INTERPRET and thread count"}
+
+
+# A catalogue whose golden records the regenerating process's environment: two regens agree only
+# if the command sets that environment up itself, whatever its caller had.
+ENVIRONMENT = [golden.GoldenCase("syn/environment", _environment_build, lambda inputs: {"seen": inputs["seen"]}, None,
+                                 {"seen": golden.EXACT})]
 
 # a slice of the real catalogue, and the real op planted with a drift / a regression
 REAL = cat.op_case(REGISTRY["select_draft_topk"], "float32")
@@ -314,6 +327,40 @@ def test_regen_is_byte_deterministic_and_leaves_unchanged_files_alone(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "2 created, 0 changed, 0 left alone" in proc.stdout
     assert tree_files(c) == tree_files(a)
+
+
+def test_regen_sets_up_the_suites_environment_whatever_the_callers(tmp_path):
+    """Without a GPU the command runs with the interpreter on (it re-executes itself when the
+    caller left TRITON_INTERPRET unset) and one torch thread, as the suite does: a golden that
+    records both comes out byte for byte the same from a caller with TRITON_INTERPRET=1 and
+    several threads and from one with neither."""
+    base = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    callers = {"interpreted": base | {"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"},
+               "bare": {k: v for k, v in base.items() if k not in ("TRITON_INTERPRET", "OMP_NUM_THREADS")}}
+    made = {}
+    for name, env in callers.items():
+        proc = subprocess.run([sys.executable, "-m", "specverify", "golden", "regen", "--root", str(tmp_path / name),
+                               "--catalogue", f"{THIS}:ENVIRONMENT"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        made[name] = tree_files(tmp_path / name)
+    assert made["bare"] == made["interpreted"]
+    with np.load(io.BytesIO(made["bare"]["syn/environment.npz"])) as z:
+        seen = [z[k] for k in z.files]
+    assert len(seen) == 2 and all(a.tolist() == [1, 1] for a in seen), \
+        f"the regen ran without the interpreter or with several threads: {[a.tolist() for a in seen]}"
+
+
+@pytest.mark.parametrize("command", ["check", "list", "regen"])
+def test_a_root_that_is_no_directory_is_named(tmp_path, command):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    roots = [afile] + ([tmp_path / "nowhere"] if command != "regen" else [])    # regen creates a new one
+    for root in roots:
+        proc = subprocess.run([sys.executable, "-m", "specverify", "golden", command, "--root", str(root)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and f"--root '{root}': not a directory" in proc.stderr, proc.stderr
 
 
 def test_regen_of_a_real_slice_is_deterministic_and_equals_the_committed_bytes(tmp_path):

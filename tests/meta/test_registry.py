@@ -21,6 +21,8 @@ from specverify import dtypes
 from specverify.platform import get_profile, native_platform
 from tests.support import registry as R
 
+pytestmark = pytest.mark.kernels
+
 ROOT = Path(__file__).resolve().parents[2]
 OPS = list(R.REGISTRY.values())
 IDS = list(R.REGISTRY)
