@@ -17,7 +17,7 @@ import sys
 import time
 
 import reference
-from specverify import dtypes, golden, matrix, mutants
+from specverify import dtypes, environment, golden, matrix, mutants
 from specverify.engine import SpecConfig, generate
 from specverify.models import build_models
 from specverify.platform import get_profile
@@ -89,6 +89,7 @@ def demo_speculative(args, profile) -> int:
 
 
 def main(argv=None) -> int:
+    environment.readable_output()
     parser = argparse.ArgumentParser(prog="python -m specverify")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="decode with the tiny models and check against the reference")

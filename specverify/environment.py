@@ -1,7 +1,7 @@
 """What the machine and the libraries under a run are: the CPU instruction set torch's kernels
 use, the library versions and the supported ranges, the intra-op thread count.
 
-A verdict of the suite must not move along any of these (docs/semantics.md, "Portable verdicts"),
+A verdict of the suite must not move along any of these (README.md, "Portable verdicts"),
 so every report says where it was made: the pytest report header, the matrix columns, the golden
 command's summary. `ATEN_CPU_CAPABILITY` makes torch's CPU kernels use a lower instruction set
 than the machine's best (`default`, `avx2`, ...); torch silently ignores a value it does not know
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform as _platform
+import sys
 
 import torch
 
@@ -92,3 +93,12 @@ def describe() -> dict[str, str]:
     """Everything above as one flat record (the matrix columns and the golden summary)."""
     return {**versions(), "cpu_capability": cpu_capability(),
             "requested_capability": requested_capability() or "", "threads": str(torch.get_num_threads())}
+
+
+def readable_output() -> None:
+    """The reports print non-ASCII (arrows, x, Greek letters): a terminal or pipe whose locale
+    encoding cannot hold them gets an escape (backslashreplace) instead of a UnicodeEncodeError
+    half-way through a report."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and (stream.encoding or "").lower().replace("-", "") != "utf8":
+            stream.reconfigure(errors="backslashreplace")

@@ -296,7 +296,7 @@ def check_imports(copy: Path, guard_dir: Path) -> None:
     code = "import json, specverify, reference; print(json.dumps([specverify.__file__, reference.__file__]))"
     env = child_env(copy, guard_dir, copy / ".unused-report", None)
     proc = subprocess.run([sys.executable, "-c", code], cwd=copy, env=env, capture_output=True, text=True,
-                          timeout=DEFAULT_TIMEOUT_S)
+                          timeout=DEFAULT_TIMEOUT_S, encoding="utf-8")
     if proc.returncode != 0:
         raise ImportLeak(f"importing specverify and reference in the copy {copy} failed:\n{proc.stderr[-2000:]}")
     files = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -314,7 +314,7 @@ class Workspace:
         base = Path(self._tmp.name)
         self.guard_dir = base / "guard"
         self.guard_dir.mkdir()
-        (self.guard_dir / f"{GUARD_MODULE}.py").write_text(GUARD_SOURCE)
+        (self.guard_dir / f"{GUARD_MODULE}.py").write_text(GUARD_SOURCE, encoding="utf-8")
         self.reports = base / "reports"
         self.reports.mkdir()
         self.copies = [make_copy(root, base / f"copy-{i}") for i in range(jobs)]
@@ -373,7 +373,7 @@ def run_pytest(copy: Path, guard_dir: Path, report: Path, args: list[str], *, mu
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *PYTEST_ARGS, *args], cwd=copy,
                             env=child_env(copy, guard_dir, report, mutated_file), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, encoding="utf-8")
     try:
         output, _ = proc.communicate(timeout=timeout)
         code = proc.returncode
@@ -382,7 +382,7 @@ def run_pytest(copy: Path, guard_dir: Path, report: Path, args: list[str], *, mu
         output, _ = proc.communicate()
         code = None
     seconds = time.perf_counter() - start
-    data = json.loads(report.read_text()) if report.exists() else None
+    data = json.loads(report.read_text(encoding="utf-8")) if report.exists() else None
     return Outcome(code, output, seconds, data)
 
 
@@ -646,5 +646,5 @@ def command(args) -> int:
         return 2
     print(format_table(results))
     if args.markdown:
-        Path(args.markdown).write_text(markdown_table(results, mutants))
+        Path(args.markdown).write_text(markdown_table(results, mutants), encoding="utf-8")
     return 0 if all(r.killed or r.status == NOT_RUN for r in results) else 1

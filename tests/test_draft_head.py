@@ -231,7 +231,7 @@ def test_engine_holds_no_steering_code():
     root = pathlib.Path(specverify.__file__).parent
     found = []
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [getattr(node, a) for a in ("id", "attr", "arg", "name") if isinstance(getattr(node, a, None), str)]
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 40:
                 names.append(node.value)

@@ -824,7 +824,7 @@ def test_cli_bad_platform_is_one_line(how, monkeypatch):
         args += ["--platform", "bogus"]
     else:
         env["SPECVERIFY_PLATFORM"] = "bogus"
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT, encoding="utf-8")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "'bogus' is unknown" in lines[0], proc.stderr
@@ -834,7 +834,7 @@ def test_cli_bad_platform_is_one_line(how, monkeypatch):
 def test_pytest_bad_platform_env_is_a_usage_error(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("SPECVERIFY_PLATFORM", "bogus")
-    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makeconftest((ROOT / "conftest.py").read_text(encoding="utf-8"))
     pytester.makepyfile(test_sample="def test_plain():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -130,7 +130,7 @@ def test_broadcast_shapes_follow_the_inputs():
 
 
 def test_documented_vectors():
-    doc = (ROOT / "docs" / "semantics.md").read_text()
+    doc = (ROOT / "docs" / "semantics.md").read_text(encoding="utf-8")
     for (seed, r, p, d), text in VECTORS:
         listed = re.search(rf"^\s*{seed}, {r}, {p}, {d}\s+->\s+(\S+)\s*$", doc, re.M)
         assert listed and listed.group(1) == text, f"docs/semantics.md does not list {seed, r, p, d} -> {text}"

@@ -2,6 +2,8 @@
 
 import sys
 
+from specverify.environment import readable_output
 from specverify.golden import main
 
+readable_output()
 sys.exit(main())

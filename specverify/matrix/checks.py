@@ -92,7 +92,7 @@ def probe_capability(name: str | None) -> str:
     code = "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"
     try:
         done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
-                              timeout=300)
+                              timeout=300, encoding="utf-8")
     except (OSError, subprocess.TimeoutExpired) as e:
         raise MatrixError(f"--capabilities: cannot start python to read torch's CPU capability ({e})") from None
     if done.returncode != 0 or not done.stdout.strip():

@@ -37,7 +37,7 @@ RECORD_KEYS = ("id", "outcome", "feature", "dtype")
 def load_report(path: Path) -> dict:
     """A matrix.json, checked: MatrixError naming the file for anything unusable."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise MatrixError(f"{path}: cannot be read ({e.strerror or e})") from None
     except ValueError as e:

@@ -222,7 +222,7 @@ def _column(profile, label, prof, versions, shown, rc, seconds, junit: Path, sid
     expectations = None
     if sidecar.exists():
         try:
-            expectations = json.loads(sidecar.read_text())
+            expectations = json.loads(sidecar.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             note = (note + "; " if note else "") + f"{sidecar.name} unreadable: {e}"
     return {"column": profile, "profile": profile, "label": label, "platform": prof.policy, "native": prof.native,
@@ -233,7 +233,7 @@ def _column(profile, label, prof, versions, shown, rc, seconds, junit: Path, sid
 
 def _log_tail(log: Path, lines: int = 3) -> str:
     try:
-        text = log.read_text(errors="replace").strip().splitlines()
+        text = log.read_text(errors="replace", encoding="utf-8").strip().splitlines()
     except OSError:
         return "(no log)"
     return " | ".join(text[-lines:]) or "(empty log)"

@@ -165,7 +165,7 @@ class MatrixPlugin:
                 "unmatched_checked": self.whole[0], "unmatched_note": self.whole[1], "stale": self.stale(),
                 "environment": environment.describe()}
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data, indent=1))
+        Path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
 MATRIX = pytest.StashKey[MatrixPlugin]()

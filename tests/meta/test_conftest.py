@@ -46,7 +46,7 @@ PLATFORM_MARKED = {"cuda": ("cuda",), "rocm": ("rocm",), "gpu": ("cuda", "rocm")
 def suite(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.delenv("SPECVERIFY_PLATFORM", raising=False)
-    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makeconftest((ROOT / "conftest.py").read_text(encoding="utf-8"))
     pytester.makepyfile(test_sample=SAMPLE)
     return pytester
 
@@ -113,3 +113,31 @@ def test_report_header_prints_the_cpu_capability_and_flags_one_torch_ignored(sui
     result = suite.runpytest_subprocess("-k", "plain", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines([f"*CPU capability {best} (ATEN_CPU_CAPABILITY=no-such-isa)*",
                                  f"*WARNING: ATEN_CPU_CAPABILITY='no-such-isa' but torch's CPU kernels use '{best}'*"])
+
+
+def test_this_process_runs_one_thread_and_derandomized_examples():
+    """What a verdict must not depend on, pinned in every test process (this one included, under
+    xdist or not): the intra-op thread count (a float reduction can round by it) and, under the
+    ci / dev hypothesis profiles, the examples drawn (the same on every machine, no example
+    database carried from run to run)."""
+    import os
+
+    import torch
+    from hypothesis import settings
+
+    assert torch.get_num_threads() == int(os.environ.get("SPECVERIFY_THREADS", "1"))
+    for name in ("ci", "dev"):
+        profile = settings.get_profile(name)
+        assert profile.derandomize and profile.database is None, name
+
+
+def test_one_thread_whatever_the_runner_sets(suite, monkeypatch):
+    """A runner that asks OpenMP for 3 threads still gets one per test process (SPECVERIFY_THREADS
+    is the only override), reported in the header."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("SPECVERIFY_THREADS", raising=False)
+    result = suite.runpytest_subprocess("-k", "plain", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*intra-op threads 1*"])
+    monkeypatch.setenv("SPECVERIFY_THREADS", "2")
+    result = suite.runpytest_subprocess("-k", "plain", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*intra-op threads 2*"])

@@ -25,7 +25,7 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_doc_cites_nothing_outside_the_repo(doc):
-    text = doc.read_text()
+    text = doc.read_text(encoding="utf-8")
     found = []
     for number, line in enumerate(text.splitlines(), 1):
         for pattern, why in OUTSIDE:
@@ -37,7 +37,7 @@ def test_doc_cites_nothing_outside_the_repo(doc):
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve_inside_the_repo(doc):
     missing = []
-    for target in LINK.findall(doc.read_text()):
+    for target in LINK.findall(doc.read_text(encoding="utf-8")):
         if re.match(r"[a-z]+://", target) or target.startswith("mailto:"):
             continue
         path = (doc.parent / target).resolve()

@@ -12,7 +12,7 @@ ENGINE = pathlib.Path(__file__).resolve().parents[2] / "specverify" / "engine"
 
 def _imports(path: pathlib.Path) -> tuple[set[str], list[str]]:
     """(modules imported at the top level, modules imported inside a function or class)."""
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     top, nested = set(), []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:

@@ -28,7 +28,7 @@ def bash(script: str, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "SPECVERIFY_ENV_FUNCTIONS_ONLY": "1", "SV_PYTHON": sys.executable, **env}
     full_env.pop("SPECVERIFY_TORCH_INDEX", None)
     return subprocess.run(["bash", "-c", f'source "{ENV_SH}"; {script}'], env=full_env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, encoding="utf-8")
 
 
 @pytest.mark.parametrize("content, verdict", [
@@ -41,7 +41,7 @@ def bash(script: str, **env) -> subprocess.CompletedProcess:
 ], ids=["cuda-torch", "cuda-name-spelling", "cpu-torch", "no-torch", "garbage", "bad-shape"])
 def test_report_decision(tmp_path, content, verdict):
     path = tmp_path / "report.json"
-    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    path.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
     proc = bash(f'rc=0; sv_report_needs_cuda "{path}" || rc=$?; echo "rc=$rc"')
     assert f"rc={verdict}" in proc.stdout, proc.stderr
 
@@ -66,9 +66,9 @@ exec "$REAL_PYTHON" "$@"
 ], ids=["public-index-cuda-wheel", "index-serves-cpu-wheel", "pip-fails"])
 def test_torch_index_args(tmp_path, content, pip_rc, expected):
     fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON)
+    fake.write_text(FAKE_PYTHON, encoding="utf-8")
     fake.chmod(0o755)
-    (tmp_path / "report.json").write_text(json.dumps(content))
+    (tmp_path / "report.json").write_text(json.dumps(content), encoding="utf-8")
     proc = bash(f'sv_torch_index_args "{fake}" "{ROOT / "constraints" / "cpu.txt"}"',
                 FAKE_REPORT=str(tmp_path / "report.json"), FAKE_PIP_RC=str(pip_rc), REAL_PYTHON=sys.executable)
     assert proc.returncode == 0, proc.stderr
@@ -76,6 +76,6 @@ def test_torch_index_args(tmp_path, content, pip_rc, expected):
 
 
 def test_cpu_pin_is_an_exact_version():
-    pins = [line for line in (ROOT / "constraints" / "cpu.txt").read_text().splitlines()
+    pins = [line for line in (ROOT / "constraints" / "cpu.txt").read_text(encoding="utf-8").splitlines()
             if line.strip() and not line.startswith("#")]
     assert pins == ["torch==2.13.0"]

@@ -88,7 +88,7 @@ def test_capability_is_read_and_a_refused_request_named(monkeypatch):
 def bash(script: str, **env) -> subprocess.CompletedProcess:
     full = {**os.environ, "SPECVERIFY_ENV_FUNCTIONS_ONLY": "1", **env}
     return subprocess.run(["bash", "-c", f'source "{ENV_SH}"; {script}'], env=full, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, encoding="utf-8")
 
 
 def test_env_sh_flags_a_torch_outside_the_range(tmp_path):
@@ -130,7 +130,7 @@ def test_env_sh_installs_the_oldest_triton_once(tmp_path):
     second = bash(f'sv_oldest_triton "{venv}"', **env)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert first.stdout.strip() == second.stdout.strip() == str(venv / "oldest-triton")
-    calls = log.read_text().splitlines()
+    calls = log.read_text(encoding="utf-8").splitlines()
     assert len(calls) == 1, calls                       # the second call finds it installed
     assert "--no-deps" in calls[0] and calls[0].endswith("triton==3.6.0")
     assert (venv / "oldest-triton" / "triton" / "__init__.py").is_file()

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
     return path
 
 
@@ -226,7 +226,7 @@ def sample_suite(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("SPECVERIFY_PLATFORM", "cpu")       # the cpu profile exists on every machine
     monkeypatch.delenv("SPECVERIFY_EXPECTATIONS", raising=False)
-    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makeconftest((ROOT / "conftest.py").read_text(encoding="utf-8"))
     pytester.makepyfile(test_sample=SAMPLE)
     root = pytester.path
     write(root / "tests" / "matrix" / "features.toml", FEATURES)
@@ -256,7 +256,7 @@ def test_expectations_applied_and_stale_reported_under_xdist(sample_suite):
                                  "STALE expect/cpu.toml #6 *takes an earlier entry (expect/cpu.toml #1)",
                                  "*[[]expect/all.toml #1[]] every profile*"])
     assert "rocm-emulated only" not in out and "not checked" not in out
-    report = json.loads((root / "stale.json").read_text())
+    report = json.loads((root / "stale.json").read_text(encoding="utf-8"))
     assert report["profile"] == "cpu" and report["unmatched_checked"] is True
     assert [(s["ref"], s["why"]) for s in report["stale"]] == [
         ("expect/cpu.toml #4", "passed"), ("expect/cpu.toml #5", "unmatched"), ("expect/cpu.toml #6", "unmatched")]

@@ -140,7 +140,7 @@ def _run(name: str) -> tuple[Path, dict, str]:
     root = _tmp() / name
     cmd = [sys.executable, "-c", f"from tests.meta.test_golden_portability import _worker; "
                                  f"_worker({str(root)!r}, {perturb!r})"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, encoding="utf-8")
     if proc.returncode != 0:
         raise AssertionError(f"golden regeneration run {name!r} failed (exit {proc.returncode}):\n"
                              f"{(proc.stdout + proc.stderr)[-4000:]}")
@@ -254,7 +254,7 @@ def _instruction_sets() -> list[str]:
     """The runs to hold against `default`: the machine's own instruction set, and avx2 below avx512."""
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"],
                            env=_env(None, hash_seed="0", numpy_baseline=False), capture_output=True, text=True,
-                           timeout=120, check=True)
+                           timeout=120, check=True, encoding="utf-8")
     native = probe.stdout.strip().splitlines()[-1]
     if native == DEFAULT:
         pytest.skip("torch's CPU kernels have no SIMD instruction set on this machine (get_cpu_capability() is "

@@ -102,7 +102,7 @@ PLAIN = [REAL]
 
 
 def regen(root, catalogue=SYNTHETIC, **kw) -> golden.RegenReport:
-    return golden.regen(catalogue, root, out=open(os.devnull, "w"), **kw)
+    return golden.regen(catalogue, root, out=open(os.devnull, "w", encoding="utf-8"), **kw)
 
 
 def tree_files(root: Path) -> dict[str, bytes]:
@@ -223,7 +223,7 @@ def test_mismatch_statistics_and_obtained_files(tmp_path):
     assert r.obtained == jpath and jpath.exists() and jpath.with_suffix(".npz").exists()
     assert f"obtained outputs written to {jpath}" in text
     assert f"python -m specverify golden regen --root {tmp_path} --filter stats/case" in text
-    doc = json.loads(jpath.read_text())
+    doc = json.loads(jpath.read_text(encoding="utf-8"))
     arrays = dict(np.load(jpath.with_suffix(".npz")))
     same(golden.decode(doc["outputs"], arrays), got)
     assert doc["obtained"]["side"] == "reference" and len(doc["obtained"]["report"]) == 2
@@ -323,7 +323,7 @@ def test_regen_is_byte_deterministic_and_leaves_unchanged_files_alone(tmp_path):
     c = tmp_path / "c"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "specverify.golden", "regen", "--root", str(c), "--catalogue",
-                           f"{THIS}:SYNTHETIC"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                           f"{THIS}:SYNTHETIC"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, encoding="utf-8")
     assert proc.returncode == 0, proc.stderr
     assert "2 created, 0 changed, 0 left alone" in proc.stdout
     assert tree_files(c) == tree_files(a)
@@ -341,7 +341,7 @@ def test_regen_sets_up_the_suites_environment_whatever_the_callers(tmp_path):
     for name, env in callers.items():
         proc = subprocess.run([sys.executable, "-m", "specverify", "golden", "regen", "--root", str(tmp_path / name),
                                "--catalogue", f"{THIS}:ENVIRONMENT"], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)
+                              text=True, timeout=300, encoding="utf-8")
         assert proc.returncode == 0, proc.stderr
         made[name] = tree_files(tmp_path / name)
     assert made["bare"] == made["interpreted"]
@@ -355,11 +355,11 @@ def test_regen_sets_up_the_suites_environment_whatever_the_callers(tmp_path):
 def test_a_root_that_is_no_directory_is_named(tmp_path, command):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     afile = tmp_path / "afile"
-    afile.write_text("")
+    afile.write_text("", encoding="utf-8")
     roots = [afile] + ([tmp_path / "nowhere"] if command != "regen" else [])    # regen creates a new one
     for root in roots:
         proc = subprocess.run([sys.executable, "-m", "specverify", "golden", command, "--root", str(root)],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, encoding="utf-8")
         assert proc.returncode == 2 and f"--root '{root}': not a directory" in proc.stderr, proc.stderr
 
 
@@ -395,25 +395,25 @@ def test_unused_goldens_are_reported_and_pruned(tmp_path):
     (tmp_path / "old/case.json").write_bytes(src_json.read_bytes())
     (tmp_path / "old/case.npz").write_bytes(src_npz.read_bytes())
     (tmp_path / "orphan.npz").write_bytes(src_npz.read_bytes())
-    (tmp_path / "accept_lengths/nowhere.json").write_text("{}\n")
-    (tmp_path / "README.md").write_text("about these files\n")
+    (tmp_path / "accept_lengths/nowhere.json").write_text("{}\n", encoding="utf-8")
+    (tmp_path / "README.md").write_text("about these files\n", encoding="utf-8")
     unused = ["accept_lengths/nowhere", "old/case", "orphan"]
     assert golden.find_unused(SYNTHETIC, tmp_path) == unused
     out = tmp_path / "out.txt"
-    with open(out, "w") as f:
+    with open(out, "w", encoding="utf-8") as f:
         report = golden.regen(SYNTHETIC, tmp_path, out=f)
     assert report.unused == unused and report.pruned == []
-    assert "unused (no catalogue record uses it; --prune removes it): old/case" in out.read_text()
+    assert "unused (no catalogue record uses it; --prune removes it): old/case" in out.read_text(encoding="utf-8")
     assert (tmp_path / "old/case.json").exists()
-    assert golden.check(SYNTHETIC, tmp_path, out=open(os.devnull, "w")) == 1      # unused fails a full check
-    (tmp_path / "syn/topk/float8_e4m3fn.reference.obtained.json").write_text("{}\n")
+    assert golden.check(SYNTHETIC, tmp_path, out=open(os.devnull, "w", encoding="utf-8")) == 1      # unused fails a full check
+    (tmp_path / "syn/topk/float8_e4m3fn.reference.obtained.json").write_text("{}\n", encoding="utf-8")
     assert golden.find_unused(SYNTHETIC, tmp_path) == unused
     assert golden.main(["regen", "--root", str(tmp_path), "--catalogue", f"{THIS}:SYNTHETIC", "--prune"]) == 0
     assert golden.find_unused(SYNTHETIC, tmp_path) == []
     assert not (tmp_path / "old").exists() or not any((tmp_path / "old").iterdir())
     assert (tmp_path / "syn/topk/float8_e4m3fn.reference.obtained.json").exists()   # never touched
     assert (tmp_path / "README.md").exists()
-    assert golden.check(SYNTHETIC, tmp_path, out=open(os.devnull, "w")) == 0
+    assert golden.check(SYNTHETIC, tmp_path, out=open(os.devnull, "w", encoding="utf-8")) == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +421,7 @@ def test_unused_goldens_are_reported_and_pruned(tmp_path):
 
 
 def _edit_json(path: Path, edit) -> None:
-    doc = json.loads(path.read_text())
+    doc = json.loads(path.read_text(encoding="utf-8"))
     edit(doc)
     path.write_bytes(golden.dump_json(doc))
 
@@ -448,7 +448,7 @@ BREAKS = {
                            "field 'meta.rules' missing"),
     "format-version-unknown": (lambda j, z: _edit_json(j, lambda d: d.update(format_version=99)),
                                golden.GoldenVersionUnknown, "format version 99 is unknown"),
-    "not-a-golden": (lambda j, z: j.write_text("[1, 2]\n"), golden.GoldenCorrupt, "not a golden object"),
+    "not-a-golden": (lambda j, z: j.write_text("[1, 2]\n", encoding="utf-8"), golden.GoldenCorrupt, "not a golden object"),
     "other-name": (lambda j, z: _edit_json(j, lambda d: d.update(name="syn/other")), golden.GoldenCorrupt,
                    "holds golden 'syn/other'"),
     "dangling-array": (lambda j, z: _edit_json(j, lambda d: d["outputs"]["$dict"]["p"]["$tensor"].update(
@@ -470,9 +470,9 @@ def test_a_broken_golden_names_the_file_and_the_command(tmp_path, how):
     r = golden.run_side(SYN, golden.REFERENCE, tmp_path)
     assert r.status in ("missing", "corrupt") and r.message == msg
     lines = tmp_path / "check.txt"
-    with open(lines, "w") as f:
+    with open(lines, "w", encoding="utf-8") as f:
         assert golden.check(SYNTHETIC, tmp_path, out=f) == 1
-    assert msg in lines.read_text()
+    assert msg in lines.read_text(encoding="utf-8")
 
 
 def test_the_default_root_command_has_no_root_option():
@@ -516,20 +516,20 @@ def test_other_library_versions_are_reported_and_still_compared(tmp_path):
     jpath, _ = golden.golden_paths(tmp_path, SYN.name)
     _edit_json(jpath, lambda d: d["made_with"].update(torch="0.0.1-elsewhere", numpy="0.1"))
     lines = tmp_path / "check.txt"
-    with open(lines, "w") as f:
+    with open(lines, "w", encoding="utf-8") as f:
         assert golden.check(SYNTHETIC, tmp_path, out=f) == 0
-    text = lines.read_text()
+    text = lines.read_text(encoding="utf-8")
     assert f"made with torch 0.0.1-elsewhere, running {torch.__version__} — compared anyway" in text
     assert "made with numpy 0.1" in text
     drifted = [dataclasses.replace(SYN, reference=lambda i: {**_syn_ref(i), "index": _syn_ref(i)["index"] + 1}), BASE]
-    with open(lines, "w") as f:
+    with open(lines, "w", encoding="utf-8") as f:
         assert golden.check(drifted, tmp_path, out=f) == 1           # compared, not excused
-    assert "compared anyway" in lines.read_text() and "mismatch" in lines.read_text()
+    assert "compared anyway" in lines.read_text(encoding="utf-8") and "mismatch" in lines.read_text(encoding="utf-8")
     r = regen(tmp_path)                                             # same content: left alone
-    assert r.kept_other_versions == [SYN.name] and json.loads(jpath.read_text())["made_with"]["torch"] != \
+    assert r.kept_other_versions == [SYN.name] and json.loads(jpath.read_text(encoding="utf-8"))["made_with"]["torch"] != \
         torch.__version__
     assert regen(tmp_path, force=True).changed == [SYN.name]
-    assert json.loads(jpath.read_text())["made_with"] == golden.environment()
+    assert json.loads(jpath.read_text(encoding="utf-8"))["made_with"] == golden.environment()
 
 
 def test_command_line_errors_are_exit_2(tmp_path, capsys):
@@ -628,7 +628,7 @@ def test_accept_judgement_is_one_sided(measured, status):
 def test_accept_baselines_record_the_running_profile_and_fail_only_on_a_drop(tmp_path, monkeypatch):
     profile = get_profile("cpu")
     regen(tmp_path, profile=profile)
-    doc = json.loads((tmp_path / "accept_lengths/cpu.json").read_text())
+    doc = json.loads((tmp_path / "accept_lengths/cpu.json").read_text(encoding="utf-8"))
     assert doc["tolerance"] == 0.05 and doc["profile"] == "cpu" and "one-sided" in doc["rule"]
     assert not (tmp_path / "accept_lengths/rocm-emulated.json").exists()
     steady = BASE.scenarios[0]
@@ -636,11 +636,11 @@ def test_accept_baselines_record_the_running_profile_and_fail_only_on_a_drop(tmp
     monkeypatch.setitem(MEASURED, "steady", 1.5)
     r = golden.check_accept(BASE, steady, profile, tmp_path)
     assert r.status == "drop" and not r.ok and "accept_lengths/cpu/steady" in r.message and "2.0000" in r.message
-    assert golden.check(SYNTHETIC, tmp_path, profile=profile, out=open(os.devnull, "w")) == 1
+    assert golden.check(SYNTHETIC, tmp_path, profile=profile, out=open(os.devnull, "w", encoding="utf-8")) == 1
     monkeypatch.setitem(MEASURED, "steady", 3.0)
     r = golden.check_accept(BASE, steady, profile, tmp_path)
     assert r.status == "rise" and r.ok
-    assert golden.check(SYNTHETIC, tmp_path, profile=profile, out=open(os.devnull, "w")) == 0
+    assert golden.check(SYNTHETIC, tmp_path, profile=profile, out=open(os.devnull, "w", encoding="utf-8")) == 0
     other = golden.check_accept(BASE, steady, get_profile("rocm-emulated"), tmp_path)
     assert other.status == "missing" and "--filter accept_lengths/rocm-emulated --platform rocm-emulated" in \
         other.message
@@ -650,6 +650,6 @@ def test_the_accept_tolerance_is_stated_in_the_docs_and_the_files():
     tol = f"{cat.ACCEPT_TOLERANCE:g}"
     assert cat.ACCEPT.tolerance == cat.ACCEPT_TOLERANCE
     assert f"catalogue default {tol}" in " ".join(golden.__doc__.split())
-    assert f"tolerance {tol}" in (golden.GOLDEN_DIR / "README.md").read_text()
+    assert f"tolerance {tol}" in (golden.GOLDEN_DIR / "README.md").read_text(encoding="utf-8")
     files = sorted((golden.GOLDEN_DIR / "accept_lengths").glob("*.json"))
-    assert files and all(json.loads(f.read_text())["tolerance"] == cat.ACCEPT_TOLERANCE for f in files)
+    assert files and all(json.loads(f.read_text(encoding="utf-8"))["tolerance"] == cat.ACCEPT_TOLERANCE for f in files)

@@ -78,7 +78,7 @@ def _kernel_files() -> list[Path]:
 def test_every_masked_kernel_load_names_its_other_value():
     offenders = []
     for path in _kernel_files():
-        offenders += masked_loads_without_other(path.read_text(), str(path.relative_to(ROOT)))
+        offenders += masked_loads_without_other(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
     assert not offenders, ("tl.load with mask= but no other= (masked lanes are undefined in Triton): "
                            + ", ".join(offenders))
 
@@ -87,7 +87,7 @@ def test_the_scan_sees_the_kernels_loads():
     """Not vacuous: the kernels' masked loads are found (each with its other=)."""
     count = 0
     for path in _kernel_files():
-        tree = ast.parse(path.read_text())
+        tree = ast.parse(path.read_text(encoding="utf-8"))
         modules, loads = _language_aliases(tree)
         count += sum(1 for n in ast.walk(tree) if isinstance(n, ast.Call) and _is_load(n, modules, loads)
                      and _argument(n, "mask", 1) is not None)

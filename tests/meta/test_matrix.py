@@ -60,7 +60,7 @@ def test_planted_failure_in_one_profile_exits_1_and_shows_in_its_column_only(tmp
     (expect / "rocm-emulated.toml").write_text(
         '[[expect]]\ntest = "tests/test_platform.py::test_resolve"\nkind = "xfail"\nreason = "planted"\n'
         'raises = "AssertionError"\n'
-        '[[expect]]\ntest = "tests/test_platform.py::test_profiles_are_frozen"\nkind = "skip"\nreason = "planted"\n')
+        '[[expect]]\ntest = "tests/test_platform.py::test_profiles_are_frozen"\nkind = "skip"\nreason = "planted"\n', encoding="utf-8")
     out = tmp_path / "reports"
     rc, stdout, _ = run_matrix(["--profiles", "rocm-emulated", "cpu", "--workers", "0", "--out", str(out),
                                 "--expectations", str(expect), "--label", "box-a", "--", *SLICE], capsys)
@@ -72,7 +72,7 @@ def test_planted_failure_in_one_profile_exits_1_and_shows_in_its_column_only(tmp
     for name in ("matrix.md", "matrix.json", "matrix.html", "junit-cpu.xml", "junit-rocm-emulated.xml",
                  "pytest-cpu.log", "expectations-rocm-emulated.json"):
         assert (out / name).is_file(), name
-    doc = json.loads((out / "matrix.json").read_text())
+    doc = json.loads((out / "matrix.json").read_text(encoding="utf-8"))
     assert doc["schema"] == matrix.SCHEMA and doc["label"] == "box-a"
     assert [c["column"] for c in doc["columns"]] == ["rocm-emulated", "cpu"]
     cols = {c["profile"]: c for c in doc["columns"]}
@@ -97,19 +97,19 @@ def test_planted_failure_in_one_profile_exits_1_and_shows_in_its_column_only(tmp
     assert cols["cpu"]["expectations"]["unmatched_checked"] is False
     assert "narrowed to 'tests/test_platform.py'" in cols["cpu"]["expectations"]["unmatched_note"]
     # md: the table, the failure and the stale entry
-    md = (out / "matrix.md").read_text()
+    md = (out / "matrix.md").read_text(encoding="utf-8")
     assert "| platform | - | **1/1/1/0** | 3/0/0/0 |" in md
     assert "| dtypes | float8_e4m3fnuz | 1/0/0/0 | 1/0/0/0 |" in md
     assert "tests/test_platform.py::test_resolve" in md and "STALE rocm-emulated" in md
     # html: the red cell links to the anchor that lists the failure
-    page = (out / "matrix.html").read_text()
+    page = (out / "matrix.html").read_text(encoding="utf-8")
     m = re.search(r'<td class="fail"><a href="#([\w-]+)">1/1/1/0</a></td><td class="pass">3/0/0/0</td>', page)
     assert m, page[:3000]
     section = page.split(f'<section id="{m.group(1)}">')[1].split("</section>")[0]
     assert "tests/test_platform.py::test_resolve" in section and "XPASS(strict)" in section
     # the real report merges (schema round trip); the same profile twice gets profile@label columns
     assert matrix.merge([out / "matrix.json", out / "matrix.json"], tmp_path / "merged", say=lambda line: None) == 1
-    merged = json.loads((tmp_path / "merged" / "matrix.json").read_text())
+    merged = json.loads((tmp_path / "merged" / "matrix.json").read_text(encoding="utf-8"))
     assert [c["column"] for c in merged["columns"]] == ["rocm-emulated@box-a", "rocm-emulated@box-a#2",
                                                         "cpu@box-a", "cpu@box-a#2"]
 
@@ -122,13 +122,13 @@ def test_clean_run_exits_0_and_the_filters_select_rows(tmp_path, capsys):
                                 "--dtypes", "float8_e5m2fnuz", "--", "tests/test_platform.py",
                                 "tests/test_dtypes.py::test_fnuz_rules", "-k", "resolve or fnuz"], capsys)
     assert rc == 0, stdout[-3000:]
-    doc = json.loads((out / "matrix.json").read_text())
+    doc = json.loads((out / "matrix.json").read_text(encoding="utf-8"))
     (col,) = doc["columns"]
     assert col["status"] == "passed" and col["counts"]["passed"] == 1 == sum(col["counts"].values())
     assert [r["id"] for r in col["records"]] == ["tests/test_dtypes.py::test_fnuz_rules[float8_e5m2fnuz]"]
     assert "--sv-dtypes=float8_e5m2fnuz" in col["command"] and "--sv-algorithms=-" in col["command"]
     assert doc["filters"]["dtypes"] == ["float8_e5m2fnuz"] and doc["filters"]["algorithms"] == ["-"]
-    assert "| dtypes | float8_e5m2fnuz | 1/0/0/0 |" in (out / "matrix.md").read_text()
+    assert "| dtypes | float8_e5m2fnuz | 1/0/0/0 |" in (out / "matrix.md").read_text(encoding="utf-8")
     assert "no failures" in stdout
 
 
@@ -153,7 +153,7 @@ def report(label: str, columns: list[dict]) -> dict:
 
 
 def dump(path: Path, doc) -> Path:
-    path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+    path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc, encoding="utf-8")
     return path
 
 
@@ -166,12 +166,12 @@ def test_merge_puts_native_and_emulated_side_by_side(tmp_path, capsys):
     b = dump(tmp_path / "rocm.json", report("MI300X", [column("rocm-emulated", "MI300X", OK),
                                                        column("rocm", "MI300X", OK), column("cpu", "MI300X", OK)]))
     assert matrix.main(["merge", str(a), str(b), "-o", str(tmp_path / "m")]) == 0
-    doc = json.loads((tmp_path / "m" / "matrix.json").read_text())
+    doc = json.loads((tmp_path / "m" / "matrix.json").read_text(encoding="utf-8"))
     assert [c["column"] for c in doc["columns"]] == ["cuda", "cuda-emulated", "rocm", "rocm-emulated", "cpu@H100",
                                                      "cpu@MI300X"]
     assert doc["sources"] == [str(a), str(b)] and doc["schema"] == matrix.SCHEMA
     assert [c["source"] for c in doc["columns"]] == [str(a), str(a), str(b), str(b), str(a), str(b)]
-    md = (tmp_path / "m" / "matrix.md").read_text()
+    md = (tmp_path / "m" / "matrix.md").read_text(encoding="utf-8")
     assert "| feature | dtype | cuda | cuda-emulated | rocm | rocm-emulated | cpu@H100 | cpu@MI300X |" in md
     assert "| spec-e2e | float32 | 1/0/1/0 | 1/0/1/0 | 1/0/1/0 | 1/0/1/0 | 1/0/1/0 | 1/0/1/0 |" in md
     assert (tmp_path / "m" / "matrix.html").is_file()
@@ -180,7 +180,7 @@ def test_merge_puts_native_and_emulated_side_by_side(tmp_path, capsys):
     bad = dump(tmp_path / "bad.json", report("B200", [column("cuda", "B200", [record("t::a", "failed",
                                                                                      message="boom")])]))
     assert matrix.main(["merge", str(tmp_path / "m" / "matrix.json"), str(bad), "-o", str(tmp_path / "m2")]) == 1
-    doc2 = json.loads((tmp_path / "m2" / "matrix.json").read_text())
+    doc2 = json.loads((tmp_path / "m2" / "matrix.json").read_text(encoding="utf-8"))
     assert [c["column"] for c in doc2["columns"]][:3] == ["cuda@B200", "cuda@H100", "cuda-emulated"]
 
 
@@ -219,7 +219,7 @@ def test_cpu_capabilities_are_a_column_axis(tmp_path, capsys):
     rc, stdout, _ = run_matrix(["--profiles", "cpu", "--capabilities", *caps, "--workers", "0", "--out", str(out),
                                 "--", "tests/test_platform.py", "-k", "resolve"], capsys)
     assert rc == 0, stdout[-3000:]
-    doc = json.loads((out / "matrix.json").read_text())
+    doc = json.loads((out / "matrix.json").read_text(encoding="utf-8"))
     cols = {c["column"]: c for c in doc["columns"]}
     want = {"cpu": native} | ({"cpu[default]": "default"} if len(caps) == 2 else {})
     assert {k: c["cpu_capability"] for k, c in cols.items()} == want
@@ -230,8 +230,8 @@ def test_cpu_capabilities_are_a_column_axis(tmp_path, capsys):
     if len(caps) == 2:
         assert cols["cpu[default]"]["command"].startswith("SPECVERIFY_PLATFORM=cpu ATEN_CPU_CAPABILITY=default ")
         assert (out / "junit-cpu-default.xml").is_file() and (out / f"junit-cpu-{native}.xml").is_file()
-        assert "| cpu[default] | " in (out / "matrix.md").read_text()
-        assert "default (forced)" in (out / "matrix.md").read_text()
+        assert "| cpu[default] | " in (out / "matrix.md").read_text(encoding="utf-8")
+        assert "default (forced)" in (out / "matrix.md").read_text(encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------

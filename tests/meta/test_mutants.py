@@ -72,7 +72,7 @@ def make_tree(root: Path, *, zoo: str | None = None, reference: bool = True, tes
         files["reference/__init__.py"] = "def add(a, b):\n    return a + b\n"
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+        (root / rel).write_text(text, encoding="utf-8")
     return root
 
 
@@ -91,7 +91,7 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 def test_load_zoo_reads_every_file_in_name_order(tmp_path):
     tree = make_tree(tmp_path, zoo=mutant_toml(SURVIVES))
-    (tree / "tests/mutants/a.toml").write_text(mutant_toml(KILLED))
+    (tree / "tests/mutants/a.toml").write_text(mutant_toml(KILLED), encoding="utf-8")
     zoo = mutants.load_zoo(tree / "tests/mutants", tree)
     assert [(m.name, m.origin) for m in zoo] == [("add-subtracts", "tests/mutants/a.toml"),
                                                 ("unused-changes", "tests/mutants/zoo.toml")]
@@ -124,7 +124,7 @@ def test_bad_record_is_an_error_naming_the_file_and_the_mutant(tmp_path, edit, m
 
 def test_duplicate_names_across_files_are_rejected(tmp_path):
     tree = make_tree(tmp_path, zoo=mutant_toml(KILLED))
-    (tree / "tests/mutants/more.toml").write_text(mutant_toml(SURVIVES, {**KILLED, "replacement": "return b"}))
+    (tree / "tests/mutants/more.toml").write_text(mutant_toml(SURVIVES, {**KILLED, "replacement": "return b"}), encoding="utf-8")
     with pytest.raises(ZooError, match=r"zoo.toml: mutant 'add-subtracts' \(#1\): duplicate name, already "
                                        r"defined in tests/mutants/more.toml: mutant 'add-subtracts' \(#2\)"):
         mutants.load_zoo(tree / "tests/mutants", tree)
@@ -134,7 +134,7 @@ def test_file_without_mutant_tables_and_invalid_toml_are_rejected(tmp_path):
     tree = make_tree(tmp_path, zoo="[other]\nx = 1\n")
     with pytest.raises(ZooError, match=r"zoo.toml: a zoo file holds \[\[mutant\]\] tables and nothing else"):
         mutants.load_zoo(tree / "tests/mutants", tree)
-    (tree / "tests/mutants/zoo.toml").write_text("[[mutant]\n")
+    (tree / "tests/mutants/zoo.toml").write_text("[[mutant]\n", encoding="utf-8")
     with pytest.raises(ZooError, match="zoo.toml: not valid TOML"):
         mutants.load_zoo(tree / "tests/mutants", tree)
 
@@ -199,7 +199,7 @@ def test_kill_names_the_failing_test_a_survivor_fails_the_run_and_the_tree_is_un
     assert table[1].split()[:3] == ["add-subtracts", "yes", "tests/test_add.py::test_add"]
     assert table[2].split()[:2] == ["unused-changes", "no"]
     assert "2 mutants: 1 killed, 1 survived, 0 refused" in table[3]
-    rows = md.read_text().splitlines()
+    rows = md.read_text(encoding="utf-8").splitlines()
     assert rows[2].startswith("| `add-subtracts` | yes | `tests/test_add.py::test_add` |")
     assert rows[2].endswith("| add-subtracts: a planted bug |") and "| **no** |" in rows[3]
 

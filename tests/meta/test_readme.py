@@ -21,7 +21,7 @@ FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
 def python_blocks() -> list[tuple[int, str]]:
-    text = README.read_text()
+    text = README.read_text(encoding="utf-8")
     return [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in FENCE.finditer(text)]
 
 
@@ -32,9 +32,9 @@ def test_readme_has_python_blocks():
 @pytest.mark.parametrize("line, code", python_blocks(), ids=[f"README.md:{line}" for line, _ in python_blocks()])
 def test_readme_block_runs(line, code, tmp_path):
     script = tmp_path / f"readme_{line}.py"
-    script.write_text(code)
+    script.write_text(code, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("SPECVERIFY_PLATFORM", None)
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, encoding="utf-8")
     assert proc.returncode == 0, f"README.md block at line {line} failed:\n{proc.stderr[-3000:]}"

@@ -13,7 +13,7 @@ REFERENCE = ROOT / "reference"
 
 def imported_modules(path: Path) -> list[str]:
     """Every module name an Import / ImportFrom node of `path` names (relative ones included)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     names = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -44,12 +44,12 @@ def test_no_reference_file_imports_specverify():
 
 def test_scanner_catches_both_import_forms(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import os\nimport specverify.models as m\nfrom specverify import platform\n")
+    bad.write_text("import os\nimport specverify.models as m\nfrom specverify import platform\n", encoding="utf-8")
     assert [n for n in imported_modules(bad) if is_specverify(n)] == [
         "specverify.models", "specverify", "specverify.platform"
     ]
     good = tmp_path / "good.py"
-    good.write_text("import specverify_notes\nfrom reference import model\n")
+    good.write_text("import specverify_notes\nfrom reference import model\n", encoding="utf-8")
     assert not [n for n in imported_modules(good) if is_specverify(n)]
 
 
@@ -61,6 +61,6 @@ def test_importing_reference_loads_no_specverify_module():
         "loaded = sorted(m for m in sys.modules if m == 'specverify' or m.startswith('specverify.'))\n"
         "print(','.join(loaded))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, encoding="utf-8")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "", f"importing reference loaded: {proc.stdout.strip()}"

@@ -156,7 +156,7 @@ def _pytest(args: list[str], impl: str | None) -> subprocess.CompletedProcess:
     if impl:
         env[R.IMPL_ENV] = impl
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q",
-                           "-o", "addopts=-ra", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                           "-o", "addopts=-ra", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, encoding="utf-8")
 
 
 def test_example_impl_passes_and_missing_ops_are_reported():
@@ -209,7 +209,7 @@ INEXACT = {
 
 def _inexact_calls(path: str) -> list[str]:
     import ast
-    tree = ast.parse((ROOT / path).read_text(), filename=path)
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"), filename=path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -236,7 +236,7 @@ def test_the_scan_sees_what_it_refuses(tmp_path, monkeypatch):
     bad = tmp_path / "gen.py"
     bad.write_text("import torch\nfrom specverify.kernels.attention import BLOCK_N\nfrom specverify.kernels import argmax\n"
                    "x = torch.empty(3)\ny = torch.randn(20, generator=g)\nz = x.softmax(-1)\nb = argmax.ARGMAX_BLOCK\n"
-                   "n = torch.get_num_threads()\nok = torch.randint(0, 9, (3,)).double() / 4\n")
+                   "n = torch.get_num_threads()\nok = torch.randint(0, 9, (3,)).double() / 4\n", encoding="utf-8")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = _inexact_calls("gen.py")
     assert [f.split(":")[1] for f in found] == ["2", "4", "5", "6", "7", "8"], found
