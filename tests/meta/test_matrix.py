@@ -18,6 +18,7 @@ import torch
 
 from specverify import matrix
 from specverify.dtypes import DTYPES
+from specverify.matrix.checks import probe_capability
 from specverify.platform import ALL_PROFILE_NAMES, available_profiles
 from tests.matrix import classify as C
 
@@ -52,9 +53,12 @@ def run_matrix(argv: list[str], capsys) -> tuple[int, str, str]:
 # end to end
 
 
-def test_planted_failure_in_one_profile_exits_1_and_shows_in_its_column_only(tmp_path, capsys):
+def test_planted_failure_in_one_profile_exits_1_and_shows_in_its_column_only(tmp_path, capsys, monkeypatch):
     """rocm-emulated runs first and sits first in the table; its expectations plant an xfail on a
-    test that passes (XPASS(strict): a failure) and a skip. cpu runs the same slice clean."""
+    test that passes (XPASS(strict): a failure) and a skip. cpu runs the same slice clean. (Under
+    the machine's own CPU capability: a caller's ATEN_CPU_CAPABILITY, kept by the matrix, would
+    key the columns cpu[avx2], ...; tests/meta/test_matrix.py's capability tests cover that.)"""
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     expect = tmp_path / "expect"
     expect.mkdir()
     (expect / "rocm-emulated.toml").write_text(
@@ -213,7 +217,7 @@ def test_cpu_capabilities_are_a_column_axis(tmp_path, capsys):
     """--capabilities native default: one column per capability, the forced one keyed cpu[default]
     and run with ATEN_CPU_CAPABILITY=default (the child records what it ran under, and the reports
     print it); the native one keeps the plain key."""
-    native = torch.backends.cpu.get_cpu_capability().lower()
+    native = probe_capability(None)         # the machine's own (this process may run under another)
     caps = ["native", "default"] if native != "default" else ["native"]
     out = tmp_path / "reports"
     rc, stdout, _ = run_matrix(["--profiles", "cpu", "--capabilities", *caps, "--workers", "0", "--out", str(out),
