@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 COPY_ENTRIES = ("specverify", "reference", "tests", "conftest.py", "pyproject.toml", "docs", "golden",
-                "README.md")
+                "README.md", "constraints", "scripts")
 IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", ".hypothesis", "*.pyc",
                                 "*.obtained*", "*.egg-info")
 REQUIRED = {"name": str, "file": str, "target": str, "replacement": str, "why": str, "source": str,

@@ -58,6 +58,7 @@ def test_release(text, want):
 @pytest.mark.parametrize("torch_version, triton_version, flagged", [
     ("2.11.0", "3.6.0", []), ("2.15.9+cu130", "3.9.1", []), ("2.10.1", "3.6.0", ["torch"]),
     ("2.16.0", "3.5.1", ["torch", "triton"]), ("2.13.0+cpu", "absent", []), ("2.13.0", "3.10.0", ["triton"]),
+    ("2.9.1", "3.6.0", ["torch"]), ("2.15.0", "3.9.0", []),    # by release numbers, not as strings ("2.9" > "2.11")
 ])
 def test_unsupported_versions(torch_version, triton_version, flagged):
     lines = environment.unsupported_versions({"torch": torch_version, "triton": triton_version})
