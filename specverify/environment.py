@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform as _platform
+import subprocess
 import sys
 
 import torch
@@ -28,6 +29,22 @@ def cpu_capability() -> str:
     """The instruction set torch's CPU kernels dispatch to on this machine now, lower case:
     'default', 'avx2', 'avx512', ... (what ATEN_CPU_CAPABILITY would name)."""
     return torch.backends.cpu.get_cpu_capability().lower()
+
+
+def capability_in_a_fresh_process(name: str | None) -> str:
+    """The CPU capability torch's kernels use in a new interpreter whose ATEN_CPU_CAPABILITY is
+    `name` (None: unset: the machine's own). torch reads the variable once, at import, so this
+    process cannot tell. RuntimeError when the child fails (OSError / TimeoutExpired when it
+    cannot start or hangs)."""
+    env = {k: v for k, v in os.environ.items() if k != CAPABILITY_ENV}
+    if name is not None:
+        env[CAPABILITY_ENV] = name
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True,
+                          encoding="utf-8", timeout=300)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"python -c {code!r} failed: {done.stderr.strip()[-300:]}")
+    return done.stdout.strip().splitlines()[-1]
 
 
 def requested_capability() -> str | None:

@@ -60,7 +60,9 @@ def command(args) -> int:
     # makes OpenMP threads spin (measured: 150 s instead of 10 s for one check), and a fixed
     # thread count keeps float reductions in one order whatever the machine's core count.
     torch.set_num_threads(1)
-    if args.root and (args.golden_command != "regen" or Path(args.root).exists()) and not Path(args.root).is_dir():
+    # check / list read an existing directory; regen may create one, but not over a file.
+    root = Path(args.root) if args.root else GOLDEN_DIR
+    if not root.is_dir() and (root.exists() or args.golden_command != "regen"):
         print(f"error: --root {args.root!r}: not a directory", file=sys.stderr)
         return 2
     if args.golden_command in ("check", "regen"):
@@ -74,7 +76,6 @@ def command(args) -> int:
     except (TypeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    root = Path(args.root) if args.root else GOLDEN_DIR
     patterns = list(args.filter or [])
     names = [c.name for c in _golden_cases(catalogue)]
     names += [b.file_name(profile.name) + (f"/{s.name}" if args.golden_command == "check" else "")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
+
+from specverify.environment import CAPABILITY_ENV, capability_in_a_fresh_process
 
 from specverify.matrix.errors import PROFILE_ORDER, MatrixError
 
@@ -83,38 +84,21 @@ def check_label(label: str | None) -> str:
 NATIVE = "native"
 
 
-def probe_capability(name: str | None) -> str:
-    """The CPU capability torch's kernels use in a child whose ATEN_CPU_CAPABILITY is `name`
-    (None: unset), read in a fresh interpreter (torch reads the variable once, at start)."""
-    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    if name is not None:
-        env["ATEN_CPU_CAPABILITY"] = name
-    code = "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"
-    try:
-        done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
-                              timeout=300, encoding="utf-8")
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise MatrixError(f"--capabilities: cannot start python to read torch's CPU capability ({e})") from None
-    if done.returncode != 0 or not done.stdout.strip():
-        raise MatrixError(f"--capabilities: reading torch's CPU capability failed: {done.stderr.strip()[-300:]}")
-    return done.stdout.strip().splitlines()[-1]
-
-
 def check_capabilities(values: list[str] | None) -> list[tuple[str | None, str]]:
     """The CPU capabilities to run, as (ATEN_CPU_CAPABILITY value or None for the machine's own,
     the capability torch really uses there). Default: one run that keeps the caller's variable.
     A name torch does not take here (unknown, or an instruction set this CPU lacks: torch falls
     back silently) is a MatrixError, as is one listed twice or two names that run the same."""
     if values is None:
-        inherited = os.environ.get("ATEN_CPU_CAPABILITY") or None
-        return [(inherited, probe_capability(inherited))]
+        inherited = os.environ.get(CAPABILITY_ENV) or None
+        return [(inherited, _probe(inherited))]
     names = _split(values)
     if not names:
         raise MatrixError(f"--capabilities: no name given; e.g. {NATIVE} default avx2")
     out, seen = [], {}
     for name in names:
         want = None if name.lower() == NATIVE else name.lower()
-        have = probe_capability(want)
+        have = _probe(want)
         if want is not None and have != want:
             raise MatrixError(f"--capabilities: torch does not run {want!r} here (it falls back to {have!r}): "
                               f"unknown name or an instruction set this CPU lacks")
@@ -123,3 +107,10 @@ def check_capabilities(values: list[str] | None) -> list[tuple[str | None, str]]
         seen[have] = name
         out.append((want, have))
     return out
+
+
+def _probe(name: str | None) -> str:
+    try:
+        return capability_in_a_fresh_process(name)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        raise MatrixError(f"--capabilities: reading torch's CPU capability failed: {e}") from None

@@ -102,8 +102,8 @@ def test_report_header_names_platform_and_env(suite, monkeypatch):
 def test_report_header_prints_the_cpu_capability_and_flags_one_torch_ignored(suite, monkeypatch):
     """The capability the run really used is printed; a requested one torch did not take (an
     unknown name: torch falls back to the best silently) is a warning line, not a silent run."""
-    from specverify.matrix.checks import probe_capability
-    best = probe_capability(None)       # the machine's own, read in a fresh interpreter (this one may run another)
+    from specverify.environment import capability_in_a_fresh_process
+    best = capability_in_a_fresh_process(None)       # the machine's own, read in a fresh interpreter (this one may run another)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     result = suite.runpytest_subprocess("-k", "plain", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*CPU capability default (ATEN_CPU_CAPABILITY=default)*"])

@@ -252,10 +252,8 @@ def _difference(base: tuple[Path, dict, str], other: tuple[Path, dict, str]) -> 
 
 def _instruction_sets() -> list[str]:
     """The runs to hold against `default`: the machine's own instruction set, and avx2 below avx512."""
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"],
-                           env=_env(None, hash_seed="0", numpy_baseline=False), capture_output=True, text=True,
-                           timeout=120, check=True, encoding="utf-8")
-    native = probe.stdout.strip().splitlines()[-1]
+    from specverify.environment import capability_in_a_fresh_process   # not at import: _worker imports this module
+    native = capability_in_a_fresh_process(None)
     if native == DEFAULT:
         pytest.skip("torch's CPU kernels have no SIMD instruction set on this machine (get_cpu_capability() is "
                     "'default'): no other instruction set to compare the default run with")

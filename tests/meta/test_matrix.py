@@ -18,7 +18,7 @@ import torch
 
 from specverify import matrix
 from specverify.dtypes import DTYPES
-from specverify.matrix.checks import probe_capability
+from specverify.environment import capability_in_a_fresh_process
 from specverify.platform import ALL_PROFILE_NAMES, available_profiles
 from tests.matrix import classify as C
 
@@ -217,7 +217,7 @@ def test_cpu_capabilities_are_a_column_axis(tmp_path, capsys):
     """--capabilities native default: one column per capability, the forced one keyed cpu[default]
     and run with ATEN_CPU_CAPABILITY=default (the child records what it ran under, and the reports
     print it); the native one keeps the plain key."""
-    native = probe_capability(None)         # the machine's own (this process may run under another)
+    native = capability_in_a_fresh_process(None)         # the machine's own (this process may run under another)
     caps = ["native", "default"] if native != "default" else ["native"]
     out = tmp_path / "reports"
     rc, stdout, _ = run_matrix(["--profiles", "cpu", "--capabilities", *caps, "--workers", "0", "--out", str(out),
