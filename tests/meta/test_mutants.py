@@ -304,3 +304,15 @@ def test_cli_rejects_bad_jobs_and_timeout(capsys):
     err = capsys.readouterr().err
     assert "--jobs must be an int >= 1, got '0'" in err and "got 'two'" in err
     assert "--timeout must be a finite number of seconds > 0" in err
+
+
+def test_every_shipped_target_still_applies():
+    """Every mutant of the shipped zoo plants: its target is in its file exactly once. A target
+    that code moved away from would be refused only when someone runs that mutant; this keeps the
+    zoo honest at every commit (four had gone stale: three after a refactor of the matrix files,
+    one after the greedy verify moved behind _verify_greedy)."""
+    root = Path(mutants.__file__).resolve().parents[1]
+    zoo = mutants.load_zoo(root / "tests" / "mutants", root)
+    stale = [refusal for m in zoo
+             if (refusal := mutants.target_refusal(m, (root / m.file).read_text(encoding="utf-8")))]
+    assert len(zoo) >= 150 and not stale, "\n".join(stale)
