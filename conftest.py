@@ -26,7 +26,10 @@ from specverify import environment  # noqa: E402
 from specverify.platform import ENV_VAR, get_profile, native_platform  # noqa: E402
 from tests.matrix.plugin import EXPECTATIONS_DIR, EXPECTATIONS_ENV, MATRIX, MatrixPlugin  # noqa: E402
 
-pytest_plugins = ["pytester"]
+# The conformance plugin (--sv-impl, --sv-sample, --sv-report) is an entry point of the installed
+# package; named here too for a run from the tree without an install (PYTHONPATH=.). Registered
+# under its module name, so the entry point of the same name is not loaded twice.
+pytest_plugins = ["pytester", "specverify.conformance.plugin"]
 
 THREADS_ENV = "SPECVERIFY_THREADS"
 
@@ -58,9 +61,6 @@ settings.register_profile("thorough", max_examples=1000, deadline=None, print_bl
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
-    parser.addoption("--sv-sample", default=None, metavar="NAME",
-                     help="tests/test_ops_differential.py::test_differential runs only the sample called NAME "
-                          "(the replay command of a failure names it)")
     parser.addoption("--sv-hypothesis-profile", default=None,
                      help="hypothesis profile: ci | dev | thorough (env SPECVERIFY_HYPOTHESIS_PROFILE; "
                           "default ci under CI, else dev)")

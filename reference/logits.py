@@ -72,7 +72,18 @@ def convert_logits(config, row) -> ConvertedLogits:
     return ConvertedLogits(upcast=upcast, dequant=dequant, scale=float(scale))
 
 
-def greedy_token(upcast) -> int:
+# What a NaN in a row means to the greedy choice: "nan_is_max" is section 3's (np.argmax and
+# torch.argmax: the first NaN wins); "nan_ignored" reads NaN as -1e30, below every other value
+# but -inf (an engine that masks NaN before its argmax; docs/conformance.md, "Conventions").
+NAN_RULES = ("nan_is_max", "nan_ignored")
+NAN_IGNORED_VALUE = -1e30
+
+
+def greedy_token(upcast, nan: str = "nan_is_max") -> int:
     """First index holding the maximum of the float32 values (np.argmax returns the first)."""
+    if nan not in NAN_RULES:
+        raise ValueError(f"nan: one of {NAN_RULES}, got {nan!r}")
     upcast = np.asarray(upcast, dtype=np.float32)
+    if nan == "nan_ignored":
+        upcast = np.where(np.isnan(upcast), np.float32(NAN_IGNORED_VALUE), upcast)
     return int(np.argmax(upcast))

@@ -32,12 +32,28 @@ def order_desc(p: list[float]) -> list[int]:
     return sorted(range(len(p)), key=lambda i: (-p[i], i))
 
 
-def keep_top_k(p: list[float], top_k: int) -> list[float]:
-    keep = set(order_desc(p)[:top_k])
+# The tie rule at a top-k / top-p cut. "index": the cut keeps exactly the tokens before it in the
+# order (p descending, index ascending): specverify's semantics. "value": the cut is a probability
+# value and every token whose p equals the last kept token's p is kept too (an engine that filters
+# by `p >= pivot`); docs/conformance.md, "Conventions".
+TIE_RULES = ("index", "value")
+
+
+def _keep_ties(p: list[float], keep: set, ties: str) -> set:
+    if ties not in TIE_RULES:
+        raise ValueError(f"ties: one of {TIE_RULES}, got {ties!r}")
+    if ties == "index" or not keep:
+        return keep
+    cut = min(p[i] for i in keep)
+    return {i for i in range(len(p)) if p[i] >= cut and p[i] > 0.0}
+
+
+def keep_top_k(p: list[float], top_k: int, ties: str = "index") -> list[float]:
+    keep = _keep_ties(p, set(order_desc(p)[:top_k]), ties)
     return renormalize([p[i] if i in keep else 0.0 for i in range(len(p))])
 
 
-def keep_top_p(p: list[float], top_p: float) -> list[float]:
+def keep_top_p(p: list[float], top_p: float, ties: str = "index") -> list[float]:
     """Keep a kept token when the mass of the kept tokens before it (p desc, index asc) < top_p."""
     keep = set()
     mass_before = 0.0
@@ -47,6 +63,7 @@ def keep_top_p(p: list[float], top_p: float) -> list[float]:
         if rank == 0 or mass_before < top_p:
             keep.add(i)
         mass_before = mass_before + p[i]
+    keep = _keep_ties(p, keep, ties)
     return renormalize([p[i] if i in keep else 0.0 for i in range(len(p))])
 
 
@@ -55,8 +72,10 @@ def keep_min_p(p: list[float], min_p: float) -> list[float]:
     return renormalize([x if x >= threshold else 0.0 for x in p])
 
 
-def filtered_probs(z, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> list[float]:
-    """The sampling distribution of one row of dequantized logits z (temperature > 0)."""
+def filtered_probs(z, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, *,
+                   topk_ties: str = "index", topp_ties: str = "index") -> list[float]:
+    """The sampling distribution of one row of dequantized logits z (temperature > 0). The tie
+    rules at the top-k and top-p cuts are TIE_RULES ("index" is section 4's)."""
     if not temperature > 0:
         raise ValueError(f"temperature: filtered_probs needs temperature > 0, got {temperature!r}")
     z = [float(x) for x in z]
@@ -64,9 +83,9 @@ def filtered_probs(z, temperature: float, top_k: int = 0, top_p: float = 1.0, mi
         return [math.nan] * len(z)  # no distribution: NaN everywhere (section 4)
     p = softmax([x / temperature for x in z])  # 1.
     if top_k > 0:
-        p = keep_top_k(p, top_k)  # 2.
+        p = keep_top_k(p, top_k, topk_ties)  # 2.
     if top_p < 1.0:
-        p = keep_top_p(p, top_p)  # 3.
+        p = keep_top_p(p, top_p, topp_ties)  # 3.
     if min_p > 0.0:
         p = keep_min_p(p, min_p)  # 4.
     return p

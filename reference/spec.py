@@ -315,12 +315,26 @@ def _check_uniform(name: str, u) -> float:
     return u
 
 
-def stochastic_verify(tokens, parents, target_probs, coins, final, *, num_steps: int) -> tuple[list[int], int, int]:
+# How a uniform u accepts against a threshold t: "lt" is u < t (section 6.4 and 6.7); "le" is
+# u <= t, an engine's alternative rule (docs/conformance.md, "Conventions").
+ACCEPT_RULES = {"lt": lambda u, t: u < t, "le": lambda u, t: u <= t}
+
+
+def _accept_rule(accept: str):
+    if accept not in ACCEPT_RULES:
+        raise ValueError(f"accept: one of {sorted(ACCEPT_RULES)}, got {accept!r}")
+    return ACCEPT_RULES[accept]
+
+
+def stochastic_verify(tokens, parents, target_probs, coins, final, *, num_steps: int,
+                      accept: str = "lt") -> tuple[list[int], int, int]:
     """Target-only tree sampling of one request (section 6.4).
 
     tokens [D], parents [D]; target_probs [D, V] float64 (row j: the sampling distribution after
     node j); coins [D] and final: uniforms in [0, 1). Returns (accept_nodes [S+1], num_correct, bonus).
+    accept: the comparison of ACCEPT_RULES ("lt" is section 6.4's).
     """
+    accepts = _accept_rule(accept)
     D = _validate_tree(tokens, parents, num_steps)
     probs = _probs_rows(target_probs, D)
     if len(coins) != D:
@@ -338,7 +352,7 @@ def stochastic_verify(tokens, parents, target_probs, coins, final, *, num_steps:
         acc = 0.0
         for child in children[cur]:  # sibling order
             acc = acc + probs[cur][tokens[child]]
-            if u < acc:
+            if accepts(u, acc):
                 accepted = child
                 break
             rejected.append(tokens[child])  # removed from cur's residual
@@ -357,7 +371,8 @@ def stochastic_verify(tokens, parents, target_probs, coins, final, *, num_steps:
     return _pad(path, num_steps + 1), len(path) - 1, bonus
 
 
-def naive_verify(target_probs, draft: int, coin, final, *, draft_q=None, draft_p=None) -> tuple[list[int], int, int]:
+def naive_verify(target_probs, draft: int, coin, final, *, draft_q=None, draft_p=None,
+                 accept: str = "lt") -> tuple[list[int], int, int]:
     """The naive-EAGLE accept step of one request (section 6.7): the chain [root, draft].
 
     target_probs [2, V] float64: p_0 (at the root), p_1 (after the draft token); draft: d;
@@ -365,8 +380,10 @@ def naive_verify(target_probs, draft: int, coin, final, *, draft_q=None, draft_p
     q; a rejection draws from max(p_0 - q, 0)) and draft_p (the shortcut: q(d) = draft_p; a
     rejection draws from p_0). d is accepted iff coin < p_0(d) / q(d) in IEEE float64 (q(d) = 0:
     the ratio is +inf, or NaN when p_0(d) = 0 too, which rejects). The bonus after an accepted d is
-    drawn from p_1. Returns (accept_nodes [2], num_correct, bonus).
+    drawn from p_1. Returns (accept_nodes [2], num_correct, bonus). accept: the comparison of
+    ACCEPT_RULES ("lt" is section 6.7's).
     """
+    accepts = _accept_rule(accept)
     if (draft_q is None) == (draft_p is None):
         raise ValueError("draft_q / draft_p: give exactly one (exact sampling / the shortcut)")
     probs = _probs_rows(target_probs, 2)
@@ -383,7 +400,8 @@ def naive_verify(target_probs, draft: int, coin, final, *, draft_q=None, draft_p
         q_d = float(draft_p)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.float64(probs[0][draft]) / np.float64(q_d)
-    if coin < ratio:
+    accepted = bool(accepts(coin, ratio))
+    if accepted:
         row = probs[1]
     elif draft_q is not None:
         row = [max(a - b, 0.0) for a, b in zip(probs[0], q)]
@@ -392,7 +410,6 @@ def naive_verify(target_probs, draft: int, coin, final, *, draft_q=None, draft_p
     total = _running_sum(row)
     if not total > 0.0:
         raise ValueError("target_probs: the row to draw from has no positive mass; nothing can be drawn")
-    accepted = bool(coin < ratio)
     return [0, 1 if accepted else -1], int(accepted), draw(row, final * total)
 
 

@@ -39,7 +39,7 @@ from specverify import SpecConfig
 from tests.support import traces
 from tests.support.allpairs import all_pairs, case_id, uncovered_pairs
 from tests.support.cases import cached_models, ragged_budgets, ragged_prompts, steered_cached_models
-from tests.support.stats import pooled_chi_square
+from specverify.conformance.stats import pooled_chi_square
 from tests.support.steering import SteeredDraft, steer_logits, steered_models
 from tests.support.traces import TraceNearTieWarning, compare_traces, fields
 
@@ -280,7 +280,7 @@ def test_dflash_sampling_matches_target_law(index):
 
 def test_the_law_check_has_power():
     """The same check fails a DFlash run sampled at temperature 1.0 instead of 0.7 (the exact laws
-    give this check power 0.99999 at DRAWS = 1500: tests/support/stats.py power_at)."""
+    give this check power 0.99999 at DRAWS = 1500: specverify/conformance/stats.py power_at)."""
     out = dflash_run(1.0)
     counts = collections.Counter(t[1] for t in out.tokens)
     _, p_value, _ = pooled_chi_square(counts, law_of_token(1), DRAWS)

@@ -1,6 +1,6 @@
 """DFlash's verify (`ops.dflash_correct_drafts_and_bonus`, docs/semantics.md 6.9).
 
-The registry records (tests/support/registry.py) hold the torch path and the Triton kernel
+The registry records (specverify/conformance/registry/) hold the torch path and the Triton kernel
 against `reference.dflash_correct_drafts_and_bonus` on named samples; this file adds what a record
 cannot say: values on paper (with the "renamed count" trap: `correct` counts accepted drafts
 WITHOUT the bonus, a cycle emits correct + 1 tokens), a block of one read from a wider buffer (a

@@ -1,7 +1,7 @@
 """Naive EAGLE's flat KV index list (`ops.create_draft_kv_indices`) and the decode attention that
 reads it (`ops.decode_attention_indexed`), docs/semantics.md 6.6.
 
-The registry records (tests/support/registry.py) hold both ops against the reference on named
+The registry records (specverify/conformance/registry/) hold both ops against the reference on named
 samples; this file adds what a record cannot say: the offsets 2*cumsum(L+2) - b and kv_indptr on
 a hand-written example, tables made by the real `SlotTable` (page sizes 1, 4, 16, pages
 interleaved between requests), the torch path up to bs 64 and the Triton kernel (interpreted on

@@ -10,7 +10,7 @@ import torch
 
 from specverify import dtypes, ops
 from specverify.platform import available_profiles, get_profile
-from tests.support import strategies as S
+from specverify.conformance import strategies as S
 
 FP8 = [pytest.param(d, id=d, marks=pytest.mark.fp8) for d in dtypes.FP8_DTYPES]
 

@@ -26,7 +26,7 @@ import pytest
 from specverify import dtypes, golden
 from specverify.platform import ALL_PROFILE_NAMES, ENV_VAR, available_profiles, get_profile
 from tests.support import golden_catalogue as cat
-from tests.support.registry import REGISTRY
+from specverify.conformance.registry import REGISTRY
 
 pytestmark = [pytest.mark.golden, pytest.mark.kernels, pytest.mark.bitexact]
 

@@ -9,7 +9,7 @@ import torch
 from reference.logits import greedy_token
 from specverify import dtypes
 from specverify.kernels.argmax import row_argmax
-from tests.support import strategies as S
+from specverify.conformance import strategies as S
 
 pytestmark = pytest.mark.kernels
 

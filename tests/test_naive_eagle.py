@@ -34,7 +34,7 @@ from specverify.engine.sampling import SamplingParams
 from specverify.engine.speculative import SpecConfig, SpecDecoder
 from tests.support.asserts import assert_tokens_equal
 from tests.support.cases import cached_models, ragged_budgets, ragged_prompts
-from tests.support.stats import pooled_chi_square
+from specverify.conformance.stats import pooled_chi_square
 from tests.support.steering import steered_models
 from tests.support.traces import fields
 from tests.test_spec_trace import reference_hook

@@ -37,7 +37,7 @@ from specverify.engine.sampling import SamplingParams
 from specverify.engine.target_only import TargetOnlyDecoder
 from tests.support.asserts import assert_tokens_equal
 from tests.support.cases import cached_models, ragged_prompts
-from tests.support.stats import pooled_chi_square
+from specverify.conformance.stats import pooled_chi_square
 from tests.support.steering import lookahead, steered_models
 from tests.test_device_cycle import start_decoder
 from tests.test_logprobs_e2e import assert_records_match, reference_records

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.support.stats import chi_square_pvalue, upper_gamma_q  # noqa: F401
+from specverify.conformance.stats import chi_square_pvalue, upper_gamma_q  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

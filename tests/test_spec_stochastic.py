@@ -17,7 +17,7 @@ import reference
 import specverify
 from specverify.engine.speculative import SpecConfig
 from tests.support.cases import cached_models, steered_cached_models
-from tests.support.stats import pooled_chi_square
+from specverify.conformance.stats import pooled_chi_square
 
 pytestmark = pytest.mark.e2e
 

@@ -1,6 +1,6 @@
 """The Mamba state commit `ops.mamba_state_scatter` (docs/semantics.md 6.8).
 
-The registry records (tests/support/registry.py) hold the op (torch path) and its Triton kernel
+The registry records (specverify/conformance/registry/) hold the op (torch path) and its Triton kernel
 (interpreted on the CPU) against the reference on named samples; this file adds what a record
 cannot say: a hand-computed commit, the tracking second call composed with the first, every bit
 pattern (NaN payloads included) copied as it is, dst untouched outside the committing requests'

@@ -19,7 +19,7 @@ is planted in specverify/):
   (c) `<=` instead of `<` in the acceptance comparison (on a coin grid, see GRID).
 For each, the number of draws N is chosen from the exact effect size (Cohen's w^2 over the pooled
 cells, noncentrality N w^2) so that the chi-square at ALPHA rejects with probability >= POWER
-(tests/support/stats.py). The fault-free run at the same N must pass at ALPHA; each faulty run
+(specverify/conformance/stats.py). The fault-free run at the same N must pass at ALPHA; each faulty run
 must fail at ALPHA. All uniforms are seeded, so every outcome is reproducible; the rates below say
 how often a fresh seed would flip it.
 """
@@ -42,7 +42,7 @@ from specverify.engine.sampling import SamplingParams, sampling_probs
 from specverify.kernels import DraftTree, verify_stochastic
 from specverify.kernels import verify as verify_module
 from tests.support import faults
-from tests.support.stats import draws_for_power, effect_size_w2, pooled_chi_square, power_at
+from specverify.conformance.stats import draws_for_power, effect_size_w2, pooled_chi_square, power_at
 
 ALPHA = 1e-6        # false-positive rate of each chi-square (a correct verify fails with this probability)
 POWER = 0.999       # the chance each injected bug is detected at the N chosen (false negatives <= 1e-3)

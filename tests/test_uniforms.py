@@ -19,7 +19,7 @@ import torch
 
 from reference.sampling import counter_uniform
 from specverify.engine.uniforms import counter_uniforms
-from tests.support.stats import chi_square_pvalue
+from specverify.conformance.stats import chi_square_pvalue
 
 pytestmark = pytest.mark.bitexact
 

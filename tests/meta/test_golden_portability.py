@@ -21,7 +21,7 @@ with OMP_NUM_THREADS=1, one torch thread (as the command), TRITON_INTERPRET=1 an
 
 Every run is held against `default` file for file, byte for byte; a difference names the first
 differing golden, the array or JSON field, where it sits in the golden's tree, and its first
-differing value. The fix is in the generator (tests/support/strategies.py: integer draws, exact
+differing value. The fix is in the generator (specverify/conformance/strategies.py: integer draws, exact
 arithmetic, one rounding to the dtype), never in golden/.
 """
 
@@ -246,7 +246,7 @@ def _difference(base: tuple[Path, dict, str], other: tuple[Path, dict, str]) -> 
             f"  first: golden {first}: {_explain(first, a, b)}\n"
             + (f"  {'; '.join(only)}\n" if only else "")
             + "  a golden must be a pure function of the catalogue and the library versions: build its inputs "
-              "from integer draws and exact arithmetic, rounded once to the dtype (tests/support/strategies.py), "
+              "from integer draws and exact arithmetic, rounded once to the dtype (specverify/conformance/strategies.py), "
               "never from torch.randn / rand / softmax / exp in float, uninitialized memory or a kernel constant")
 
 

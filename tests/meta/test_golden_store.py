@@ -27,7 +27,7 @@ import torch
 from specverify import golden
 from specverify.platform import get_profile
 from tests.support import golden_catalogue as cat
-from tests.support.registry import REGISTRY
+from specverify.conformance.registry import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
 THIS = "tests.meta.test_golden_store"

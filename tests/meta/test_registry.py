@@ -19,7 +19,7 @@ import torch
 
 from specverify import dtypes
 from specverify.platform import get_profile, native_platform
-from tests.support import registry as R
+from specverify.conformance import registry as R
 
 pytestmark = pytest.mark.kernels
 
@@ -135,12 +135,12 @@ def test_replay_command_names_the_test_id_and_the_sample():
 def test_load_impl_errors_are_clear():
     assert R.load_impl("") is None
     with pytest.raises(ValueError, match="expected module:object"):
-        R.load_impl("tests.support.example_impl")
+        R.load_impl("specverify.conformance.adapters.example")
     with pytest.raises(ValueError, match="cannot import module"):
         R.load_impl("no_such_module_xyz:IMPL")
     with pytest.raises(ValueError, match="has no attribute 'NOPE'"):
-        R.load_impl("tests.support.example_impl:NOPE")
-    impl = R.load_impl("tests.support.example_impl:IMPL")
+        R.load_impl("specverify.conformance.adapters.example:NOPE")
+    impl = R.load_impl("specverify.conformance.adapters.example:IMPL")
     assert R.missing_op(impl, R.REGISTRY["row_argmax"]) is None
     assert "'draft_tree'" in R.missing_op(impl, R.REGISTRY["draft_tree"])
 
@@ -160,7 +160,7 @@ def _pytest(args: list[str], impl: str | None) -> subprocess.CompletedProcess:
 
 
 def test_example_impl_passes_and_missing_ops_are_reported():
-    r = _pytest(["tests/test_ops_differential.py", "-k", PLUGGED_OPS, "-rs"], "tests.support.example_impl:IMPL")
+    r = _pytest(["tests/test_ops_differential.py", "-k", PLUGGED_OPS, "-rs"], "specverify.conformance.adapters.example:IMPL")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert re.search(r"\b[1-9]\d* passed", out), out[-2000:]
@@ -168,7 +168,7 @@ def test_example_impl_passes_and_missing_ops_are_reported():
 
 
 def test_broken_impl_fails_and_its_replay_command_reruns_one_sample():
-    impl = "tests.support.example_impl:BROKEN"
+    impl = "specverify.conformance.adapters.example:BROKEN"
     r = _pytest(["tests/test_ops_differential.py", "-k", "test_differential and select_draft_topk", "-x"], impl)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
@@ -182,7 +182,7 @@ def test_broken_impl_fails_and_its_replay_command_reruns_one_sample():
     assert replay.returncode == 1 and "1 failed" in rout, rout[-3000:]
     assert re.search(rf"sample \d+: {re.escape(sample)}\(", rout), rout[-3000:]
     # The same command with the correct implementation runs exactly that one sample, and passes.
-    ok = _pytest([*args, "-s"], "tests.support.example_impl:IMPL")
+    ok = _pytest([*args, "-s"], "specverify.conformance.adapters.example:IMPL")
     oout = ok.stdout + ok.stderr
     assert ok.returncode == 0 and "1 passed" in oout and f"ran 1 sample: {sample}(" in oout, oout[-3000:]
 
@@ -192,7 +192,8 @@ def test_broken_impl_fails_and_its_replay_command_reruns_one_sample():
 # (tests/meta/test_golden_portability.py regenerates them under several instruction sets; these
 # are the static halves: no inexact call in a generator, no shape from a kernel constant).
 
-GENERATOR_SOURCES = ("tests/support/registry.py", "tests/support/strategies.py", "tests/support/cases.py",
+GENERATOR_SOURCES = (*sorted(str(p.relative_to(ROOT)) for p in (ROOT / "specverify/conformance/registry").glob("*.py")),
+                     "specverify/conformance/strategies.py", "tests/support/cases.py",
                      "tests/support/golden_catalogue.py")
 UNINITIALIZED = ("empty", "empty_like", "new_empty", "empty_strided")
 INEXACT = {
@@ -228,7 +229,7 @@ def _inexact_calls(path: str) -> list[str]:
 def test_input_generators_make_floats_exactly():
     found = [f for path in GENERATOR_SOURCES for f in _inexact_calls(path)]
     assert not found, ("golden inputs must be a pure function of the seed, the catalogue and the library versions; "
-                       "build floats with tests/support/strategies.py's exact building blocks (integer draws, exact "
+                       "build floats with specverify/conformance/strategies.py's exact building blocks (integer draws, exact "
                        "arithmetic, one rounding by S.cast):\n" + "\n".join(found))
 
 
@@ -265,7 +266,7 @@ def test_kernel_block_sizes_are_straddled_by_boundary_samples():
     b - 1, b, b + 1), which are data of the registry: a retune fails here instead of rewriting
     golden inputs from the kernel's constant."""
     from specverify.kernels import attention, draft_kv_indices, indexed_attention
-    for b in R.KV_BLOCK_SIZES:
+    for b in R.attention.KV_BLOCK_SIZES:
         for op in ("paged_attention", "paged_attention_triton", "decode_attention_indexed",
                    "decode_attention_indexed_triton"):
             missing = {b - 1, b, b + 1} - _boundary_lengths(op)
@@ -273,16 +274,16 @@ def test_kernel_block_sizes_are_straddled_by_boundary_samples():
     problems = []
     for module, ops_ in ((attention, ("paged_attention", "paged_attention_triton")),
                          (indexed_attention, ("decode_attention_indexed", "decode_attention_indexed_triton"))):
-        if module.BLOCK_N not in R.KV_BLOCK_SIZES:
+        if module.BLOCK_N not in R.attention.KV_BLOCK_SIZES:
             problems.append(f"{module.__name__}.BLOCK_N = {module.BLOCK_N} is not among the KV block sizes the "
-                            f"boundary samples of {', '.join(ops_)} straddle, tests/support/registry.py KV_BLOCK_SIZES "
-                            f"= {R.KV_BLOCK_SIZES}: add it there (a group of ATTN_BOUNDARY_LIVE too), then "
+                            f"boundary samples of {', '.join(ops_)} straddle, specverify/conformance/registry/attention.py KV_BLOCK_SIZES "
+                            f"= {R.attention.KV_BLOCK_SIZES}: add it there (a group of ATTN_BOUNDARY_LIVE too), then "
                             f"regenerate the goldens (python -m specverify golden regen)")
     copy = draft_kv_indices.BLOCK_N
     if not {copy - 1, copy + 1} <= _boundary_lengths("create_draft_kv_indices_triton"):
         problems.append(f"{draft_kv_indices.__name__}.BLOCK_N = {copy}: the boundary samples of "
                         f"create_draft_kv_indices_triton hold no request of {copy - 1} and {copy + 1} list entries "
-                        f"(2 L + 3; sample boundary-list-at-copy-block in tests/support/registry.py)")
+                        f"(2 L + 3; sample boundary-list-at-copy-block in specverify/conformance/registry/attention.py)")
     assert not problems, "\n".join(problems)
 
 
@@ -301,7 +302,7 @@ def test_half_temperature_hits_the_min_p_boundary_exactly():
     """HALF_TEMPERATURE's (x, T): x * float32(scale) / T is float64's -ln 2, whose exp is 0.5 in
     the reference's math.exp and in torch, so the min-p boundary is met exactly."""
     import math
-    for kind, (x, t) in R.HALF_TEMPERATURE.items():
+    for kind, (x, t) in R.sampling.HALF_TEMPERATURE.items():
         q = x * float(np.float32(float(kind))) / t
         assert float(np.float32(x)) == x, f"scale {kind}: x = {x!r} is not a float32 value"
         assert q == -0.6931471805599453, f"scale {kind}: x * scale / T = {q!r}"
@@ -310,7 +311,7 @@ def test_half_temperature_hits_the_min_p_boundary_exactly():
 
 
 def test_exact_building_blocks():
-    from tests.support import strategies as S
+    from specverify.conformance import strategies as S
     assert S.QUARTER_POW2 == tuple(round(2**20 * 2 ** (j / 4)) for j in range(4))
     x = torch.tensor([[-8.0, -0.25, 0.0, 0.25, 1.0, 7.75, 8.0, 3.5000002]])
     w = S.pow2_weights(x)

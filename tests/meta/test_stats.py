@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tests.support.stats import pooled_chi_square, upper_gamma_q
+from specverify.conformance.stats import pooled_chi_square, upper_gamma_q
 
 
 @pytest.mark.parametrize("x", [0.01, 0.5, 1.0, 3.0, 10.0, 30.0, 60.0])
@@ -26,13 +26,13 @@ def test_pooled_chi_square_accepts_an_exact_fit():
 
 
 # ------------------------------------------------------------------------------------------------
-# power of the chi-square (tests/support/stats.py: critical values, noncentral tail, draws needed)
+# power of the chi-square (specverify/conformance/stats.py: critical values, noncentral tail, draws needed)
 
 from statistics import NormalDist  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from tests.support.stats import (  # noqa: E402
+from specverify.conformance.stats import (  # noqa: E402
     chi_square_critical,
     chi_square_power,
     draws_for_power,

@@ -39,7 +39,7 @@ import specverify
 from specverify import SpecConfig, dtypes
 from specverify.golden import EXACT, OPTIMIZED, AcceptScenario, BaselineSet, GoldenCase
 from tests.support.cases import cached_models, ragged_prompts
-from tests.support.registry import REGISTRY, OpSpec, SampleInput, run_impl
+from specverify.conformance.registry import REGISTRY, OpSpec, SampleInput, run_impl
 from tests.support.steering import SteeredDraft, lookahead, steer_logits, steered_models
 
 ACCEPT_TOLERANCE = 0.05      # relative: a drop below 95 % of the baseline fails; a rise above 105 % is reported
@@ -84,7 +84,7 @@ def op_case(op: OpSpec, dtype: str) -> GoldenCase:
         skipped = [f"{i:03d}:{s.name} ({tree_bytes(s.args)} bytes)" for i, s in enumerate(samples)
                    if tree_bytes(s.args) > MAX_SAMPLE_BYTES]
         inputs = {f"{i:03d}:{s.name}": {"name": s.name, "seed": s.seed, "args": s.args} for i, s in kept}
-        meta = {"generator": f"tests.support.registry REGISTRY[{op.name!r}].samples({dtype!r}, seed)", "seed": seed,
+        meta = {"generator": f"specverify.conformance.registry REGISTRY[{op.name!r}].samples({dtype!r}, seed)", "seed": seed,
                 "dtype": dtype, "op": op.name, "samples": len(kept),
                 "skipped_samples": skipped, "skip_rule": f"inputs above {MAX_SAMPLE_BYTES} bytes of arrays stay out of "
                                                          f"golden/ (size); test_ops_differential still runs them"}

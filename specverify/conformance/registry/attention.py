@@ -1,0 +1,475 @@
+"""Paged attention, the draft KV index list and decode attention over it (docs/semantics.md 6.6).
+
+Records of the op registry (specverify/conformance/registry/__init__.py)."""
+
+from __future__ import annotations
+
+
+import torch
+
+import reference
+from specverify import dtypes, ops
+from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
+from specverify.conformance import strategies as S
+from specverify.conformance.registry.core import CLOSE, EXACT, ErrorInput, OpSpec, SampleInput, only
+
+
+# ---------------------------------------------------------------------------------------------
+# paged attention over the KV slot pool (torch path and the Triton kernel, interpreted on the CPU)
+
+# The KV block sizes the attention kernels use, or may be tuned to: the boundary samples straddle
+# every one (lengths b - 1, b, b + 1). The lengths are data of this file, never read from a kernel:
+# a retune must not silently change the golden inputs. tests/meta/test_registry.py fails, naming
+# this list, when a kernel's BLOCK_N leaves it.
+KV_BLOCK_SIZES = (16, 32, 64, 128)
+# (name suffix, live lengths) of the paged-attention boundary samples: b - 1, b, b + 1 of every
+# KV_BLOCK_SIZES entry (and a live length of 1), grouped so that a sample's float32 arrays stay under
+# the golden size cap (tests/support/golden_catalogue.py MAX_SAMPLE_BYTES; tests/meta/test_registry.py
+# checks both).
+ATTN_BOUNDARY_LIVE = (("16", (1, 15, 16, 17)), ("32", (31, 32, 33)), ("64", (63, 64, 65)),
+                      ("128-below", (127,)), ("128-at", (128,)), ("128-above", (129,)))
+
+
+def _attn_sample(name, seed, dtype, kv_lens, q_lens, *, region=0, page_size=1, heads=(2, 1), lanes=None,
+                 garbage=False, keys=None) -> SampleInput:
+    """A real paged layout: each request owns whole pages (shuffled over the pool, page 0 = the
+    sink) covering its live indices and one more, reserved-but-unwritten index; the rest of its
+    table row maps the sink, as `SlotTable` leaves unowned indices.
+    garbage: every slot no live index uses (sink, spare pages, the tail of a request's last page)
+    holds NaN; table entries past the live length point at NaN slots (the spare page, the sink) or
+    at another request's live slot; padded query lanes are NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    n, (nh, nkv), hd = len(kv_lens), heads, 16
+    lanes = max([1, *q_lens]) if lanes is None else lanes
+    live = [k + region + q for k, q in zip(kv_lens, q_lens)]
+    max_context = max([1, *live]) + 2
+    owned = [-(-(length + 1) // page_size) for length in live]
+    num_pages = 1 + sum(owned) + 1
+    order = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()
+    first = [sum(owned[:b]) for b in range(n)]
+    table = torch.zeros((n + 1, max_context), dtype=torch.int64)
+    rows = torch.randperm(n + 1, generator=gen)[:n]
+    used = torch.zeros(num_pages * page_size, dtype=torch.bool)
+    for b in range(n):
+        pages = torch.tensor(order[first[b]:first[b] + owned[b]], dtype=torch.int64)
+        slots = torch.zeros(max_context, dtype=torch.int64)
+        mine = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[:max_context]
+        slots[:mine.numel()] = mine
+        if garbage:   # past the live length: the spare page, the sink, another request's slot
+            spare = [order[-1], 0, order[0]]
+            for t in range(live[b], max_context):
+                slots[t] = spare[t % 3] * page_size + t % page_size
+        table[int(rows[b])] = slots
+        used[slots[:live[b]]] = True
+    shape = (num_pages * page_size, nkv, hd)
+    k = S.normalish(gen, shape) if keys is None else keys(gen, shape)
+    v = S.normalish(gen, shape)
+    q = S.normalish(gen, (n, lanes, nh, hd))
+    mask = S.coins(gen, (n, lanes, region + lanes), 0.5)
+    mask[:, torch.arange(lanes), region + torch.arange(lanes)] = True      # every token sees itself
+    if garbage:
+        k[~used], v[~used] = float("nan"), float("nan")
+        q[torch.arange(lanes)[None, :] >= torch.tensor(q_lens, dtype=torch.int64)[:, None]] = float("nan")
+    torch_dtype = dtypes.dtype_info(dtype).torch_dtype
+    return SampleInput(name, {"q": S.cast(q, torch_dtype), "k_cache": S.cast(k, torch_dtype),
+                              "v_cache": S.cast(v, torch_dtype),
+                              "req_to_token": table, "rows": rows, "kv_lens": torch.tensor(kv_lens, dtype=torch.int64),
+                              "q_lens": torch.tensor(q_lens, dtype=torch.int64), "tree_mask": mask, "region": region},
+                       seed)
+
+
+def _ulp_keys(gen, shape):
+    """Keys that are one float32 ulp apart along the slots (slot s: base * (1 + s * 2**-23), exact
+    in float64, rounded once by the cast): scores tie up to an ulp or two."""
+    base = S.normalish(gen, shape[1:])
+    steps = torch.arange(shape[0], dtype=torch.float64)[:, None, None] * 2.0**-23
+    return base[None] * (1 + steps)
+
+
+def _attn_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        return {"out": ops.paged_attention(**s.args, impl=which)}
+    return impl
+
+
+def _attn_ref(s: SampleInput) -> dict:
+    args = {k: (v.double().numpy() if isinstance(v, torch.Tensor) and v.dtype.is_floating_point
+                else v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in s.args.items()}
+    return {"out": torch.from_numpy(reference.paged_attention(**args))}
+
+
+def _attn_samples(small: bool):
+    def samples(dtype: str, seed: int):
+        yield _attn_sample("empty-batch", seed, dtype, [], [])
+        yield _attn_sample("decode", seed, dtype, [1, 12], [1, 1])
+        yield _attn_sample("prefill-from-empty", seed + 1, dtype, [0, 0], [5, 3])
+        yield _attn_sample("kv0-region-only", seed + 2, dtype, [0, 4], [2, 1], region=3)
+        yield _attn_sample("page1-one-slot-pages", seed + 3, dtype, [5, 9], [3, 2], region=1, page_size=1)
+        yield _attn_sample("page3-partial-last-page", seed + 4, dtype, [4, 2], [3, 2], region=2, page_size=3)
+        yield _attn_sample("nan-garbage-past-live", seed + 5, dtype, [6, 3], [2, 3], region=2, page_size=3,
+                           lanes=4, garbage=True)
+        yield _attn_sample("ulp-adjacent-scores", seed + 6, dtype, [9, 5], [2, 2], keys=_ulp_keys)
+        # live lengths around every KV block size (ATTN_BOUNDARY_LIVE); NaN slots right past each live end
+        for j, (suffix, live) in enumerate(ATTN_BOUNDARY_LIVE):
+            q_lens = [1 + i % 2 if n > 1 else 1 for i, n in enumerate(live)]
+            yield _attn_sample(f"boundary-live-len-at-kv-block{suffix}", seed + 30 + j, dtype,
+                               [n - q for n, q in zip(live, q_lens)], q_lens, page_size=2, heads=(1, 1), garbage=True)
+        yield _attn_sample("gqa-8-to-2", seed + 9, dtype, [6], [2], region=1, heads=(8, 2))
+        gen = torch.Generator().manual_seed(seed)
+        for i in range(1):
+            n = int(torch.randint(1, 4, (1,), generator=gen))
+            kv = torch.randint(0, 13, (n,), generator=gen).tolist()
+            ql = torch.randint(0, 4, (n,), generator=gen).tolist()
+            yield _attn_sample(f"random-{i}", seed + 20 + i, dtype, kv, ql, region=int(torch.randint(0, 3, (1,),
+                               generator=gen)), page_size=int(torch.randint(1, 5, (1,), generator=gen)),
+                               heads=(2, 1) if small else (2, 2), lanes=3, garbage=True)
+    return samples
+
+
+def _attn_recipe(dtype: str):
+    from hypothesis import strategies as st
+    lens = st.lists(st.tuples(st.integers(0, 34), st.integers(0, 3)), min_size=1, max_size=3)
+    return st.tuples(st.integers(0, 2**16), lens, st.integers(0, 2), st.integers(1, 4), st.booleans()).map(
+        lambda t: _attn_sample(f"hyp-page{t[3]}", t[0], dtype, [a for a, _ in t[1]], [c for _, c in t[1]],
+                               region=t[2], page_size=t[3], lanes=3, garbage=t[4]))
+
+
+def _attn_errors(which: str):
+    def call(**changes):
+        s = _attn_sample("base", 0, "float32", [3, 2], [2, 1], region=1, heads=(4, 2))
+        return lambda: ops.paged_attention(**{**s.args, **changes}, impl=which)
+    base = _attn_sample("base", 0, "float32", [3, 2], [2, 1], region=1, heads=(4, 2)).args
+
+    def errors():
+        yield ErrorInput("q-3d", call(q=base["q"][0]), ValueError, r"q must be 4-D", "q")
+        yield ErrorInput("q-int", call(q=base["q"].to(torch.int32)), ValueError, "q dtype", "q")
+        yield ErrorInput("head-dim-12", call(q=base["q"][..., :12]), ValueError, "head_dim must be a power of two", "q")
+        yield ErrorInput("k-dtype", call(k_cache=base["k_cache"].half()), ValueError, "k_cache must have q's dtype",
+                         "k_cache")
+        yield ErrorInput("v-shape", call(v_cache=base["v_cache"][:5]), ValueError, "v_cache must have", "v_cache")
+        yield ErrorInput("gqa-3-heads", call(q=base["q"][:, :, :3]), ValueError, "multiple of", "num_heads")
+        yield ErrorInput("kv-lens-int32", call(kv_lens=base["kv_lens"].int()), ValueError, r"kv_lens must be \[2\] int64",
+                         "kv_lens")
+        yield ErrorInput("kv-lens-negative", call(kv_lens=torch.tensor([-1, 2])), ValueError, "kv_lens must be >= 0",
+                         "kv_lens")
+        yield ErrorInput("q-lens-over-lanes", call(q_lens=torch.tensor([3, 1])), ValueError, r"q_lens must be in \[0, 2\]",
+                         "q_lens")
+        yield ErrorInput("live-past-max-context", call(kv_lens=torch.tensor([100, 2])), ValueError,
+                         "must be <= ", "kv_lens")
+        yield ErrorInput("row-out-of-table", call(rows=torch.tensor([0, 9])), ValueError, "rows must be in", "rows")
+        yield ErrorInput("slot-out-of-pool", call(req_to_token=base["req_to_token"] + 10_000), ValueError,
+                         "must be slots in", "req_to_token")
+        yield ErrorInput("mask-shape", call(tree_mask=base["tree_mask"][:, :, :2]), ValueError,
+                         r"tree_mask must be \[2, 2, 3\] bool", "tree_mask")
+        yield ErrorInput("region-negative", call(region=-1), ValueError, "region must be >= 0", "region")
+        yield ErrorInput("region-float", call(region=1.0), TypeError, "region must be an int", "region")
+        yield ErrorInput("scale-zero", call(scale=0.0), ValueError, "scale must be finite and > 0", "scale")
+        yield ErrorInput("q-list", call(q=[1.0]), TypeError, "q must be a torch.Tensor", "q")
+        yield ErrorInput("bad-impl", lambda: ops.paged_attention(**base, impl="cuda"), ValueError,
+                         "impl must be one of", "impl")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------
+# naive EAGLE (docs/semantics.md 6.6): the flat KV index list of the fused verify (torch path and
+# the Triton kernel on a padded grid, interpreted on the CPU), and decode attention over it
+
+NKV_SENTINEL = -7          # what the output buffers hold before the op: entries it must not touch
+NKV_PAD_PROGRAMS = 3       # the Triton record's grid: bs + 3 programs, the last 3 past the batch
+
+
+def _nkv_sample(name, seed, lens, page_size, *, spare=0, index_dtypes=(torch.int64,) * 5, sink_lanes=(),
+                extra_context=0) -> SampleInput:
+    """A slot table as `SlotTable` lays it out: request b owns whole pages (shuffled over the pool,
+    page 0 = the sink) covering its L + 2 verify indices, the rest of its row maps the sink; the
+    rows are a permutation of the table's rows, one row unused. A lane of `sink_lanes` is an
+    engine's padded lane: its row maps only the sink. The output buffers hold NKV_SENTINEL, and
+    kv_indices has room for `spare` entries past the total (0: the capacity fits exactly).
+    index_dtypes: of (req_to_token, rows, seq_lens, kv_indptr, kv_indices)."""
+    gen = torch.Generator().manual_seed(seed)
+    bs = len(lens)
+    max_context = max([0, *lens]) + 2 + extra_context
+    owned = [0 if b in sink_lanes else -(-(length + 2) // page_size) for b, length in enumerate(lens)]
+    order = (torch.randperm(sum(owned), generator=gen) + 1).tolist()
+    rows = torch.randperm(bs + 1, generator=gen)[:bs]
+    table = torch.zeros((bs + 1, max_context), dtype=torch.int64)
+    first = 0
+    for b in range(bs):
+        pages = torch.tensor(order[first:first + owned[b]], dtype=torch.int64)
+        first += owned[b]
+        slots = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[:max_context]
+        table[int(rows[b]), :slots.numel()] = slots
+    total = 2 * sum(lens) + 3 * bs
+    t_dt, r_dt, l_dt, p_dt, i_dt = index_dtypes
+    return SampleInput(name, {"req_to_token": table.to(t_dt), "rows": rows.to(r_dt),
+                              "seq_lens": torch.tensor(lens, dtype=l_dt),
+                              "kv_indptr": torch.full((2 * bs + 1,), NKV_SENTINEL, dtype=p_dt),
+                              "kv_indices": torch.full((total + spare,), NKV_SENTINEL, dtype=i_dt)}, seed)
+
+
+def _nkv_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        a = s.args
+        kv_indptr, kv_indices = a["kv_indptr"].clone(), a["kv_indices"].clone()   # the op writes in place
+        if which == "triton":
+            # The kernel wrapper on a padded grid: programs past the batch must write nothing.
+            draft_kv_indices_impl(a["req_to_token"], a["rows"], a["seq_lens"], kv_indptr, kv_indices, "triton",
+                                  num_programs=a["seq_lens"].shape[0] + NKV_PAD_PROGRAMS)
+        else:
+            got = ops.create_draft_kv_indices(**{**a, "kv_indptr": kv_indptr, "kv_indices": kv_indices}, impl=which)
+            if got[0] is not kv_indptr or got[1] is not kv_indices:
+                raise AssertionError("create_draft_kv_indices must return the buffers it was given")
+        return {"kv_indptr": kv_indptr, "kv_indices": kv_indices}
+    return impl
+
+
+def _nkv_ref(s: SampleInput) -> dict:
+    a = s.args
+    indptr, indices = reference.create_draft_kv_indices(req_to_token=a["req_to_token"].tolist(),
+                                                        rows=a["rows"].tolist(), seq_lens=a["seq_lens"].tolist())
+    buffer = a["kv_indices"].tolist()            # entries past the list keep what the buffer held
+    buffer[:len(indices)] = indices
+    return {"kv_indptr": torch.tensor(indptr, dtype=a["kv_indptr"].dtype),
+            "kv_indices": torch.tensor(buffer, dtype=a["kv_indices"].dtype)}
+
+
+def _nkv_samples(small: bool):
+    i32, i64 = torch.int32, torch.int64
+
+    def samples(dtype: str, seed: int):
+        yield _nkv_sample("empty-batch", seed, [], 1, spare=3)
+        yield _nkv_sample("boundary-bs1-L0", seed + 1, [0], 1)
+        yield _nkv_sample("ragged-page1", seed + 2, [5, 0, 12, 3, 0, 7], 1, spare=5)
+        yield _nkv_sample("ragged-page4", seed + 3, [9, 0, 1, 6, 14], 4, spare=2)
+        yield _nkv_sample("ragged-page16", seed + 4, [17, 0, 30, 2], 16, spare=4, extra_context=5)
+        yield _nkv_sample("boundary-capacity-exact-page4", seed + 5, [4, 0, 11], 4)
+        # 2s - 1 entries per request = 63, 65, 127, 129: around the kernel's copy block of 64
+        yield _nkv_sample("boundary-list-at-copy-block", seed + 6, [30, 31, 62, 63], 16, spare=1)
+        yield _nkv_sample("padded-lane-sink-row", seed + 7, [4, 9, 0], 4, spare=2, sink_lanes=(2,))
+        yield _nkv_sample("int32-buffers-page4", seed + 8, [3, 0, 8], 4, spare=3, index_dtypes=(i32,) * 5)
+        yield _nkv_sample("mixed-int-dtypes-page1", seed + 9, [2, 5], 1, spare=1,
+                          index_dtypes=(i32, i64, i32, i64, i32))
+        gen = torch.Generator().manual_seed(seed)
+        bs = 13 if small else 64                                 # the interpreter runs a program in ~7 ms
+        yield _nkv_sample(f"large-bs{bs}-page4", seed + 10, torch.randint(0, 17, (bs,), generator=gen).tolist(), 4,
+                          spare=0 if small else 7)
+        for i in range(1 if small else 3):
+            bs = int(torch.randint(1, 9, (1,), generator=gen))
+            lens = torch.randint(0, 40, (bs,), generator=gen).tolist()
+            page = (1, 4, 16)[int(torch.randint(0, 3, (1,), generator=gen))]
+            yield _nkv_sample(f"random-{i}-page{page}", seed + 20 + i, lens, page,
+                              spare=int(torch.randint(0, 4, (1,), generator=gen)))
+    return samples
+
+
+def _nkv_recipe(dtype: str):
+    from hypothesis import strategies as st
+    lens = st.lists(st.integers(0, 40), min_size=0, max_size=6)
+    return st.tuples(st.integers(0, 2**16), lens, st.sampled_from((1, 4, 16)), st.integers(0, 4), st.booleans()).map(
+        lambda t: _nkv_sample(f"hyp-page{t[2]}", t[0], t[1], t[2], spare=t[3],
+                              index_dtypes=((torch.int32 if t[4] else torch.int64),) * 5))
+
+
+def _nkv_errors(which: str):
+    base = _nkv_sample("base", 0, [3, 1], 4).args          # capacity exactly 2*4 + 3*2 = 14
+
+    def call(**changes):
+        return lambda: ops.create_draft_kv_indices(**{**base, **changes}, impl=which)
+
+    def errors():
+        table, rows, lens = base["req_to_token"], base["rows"], base["seq_lens"]
+        yield ErrorInput("req-to-token-1d", call(req_to_token=table[0]), ValueError, "req_to_token must be 2-D",
+                         "req_to_token")
+        yield ErrorInput("req-to-token-float", call(req_to_token=table.float()), ValueError,
+                         "req_to_token must be int32 or int64", "req_to_token")
+        yield ErrorInput("rows-list", call(rows=[0, 1]), TypeError, "rows must be a torch.Tensor", "rows")
+        yield ErrorInput("rows-length", call(rows=rows[:1]), ValueError, "rows must have one entry per request", "rows")
+        yield ErrorInput("seq-lens-int16", call(seq_lens=lens.to(torch.int16)), ValueError,
+                         "seq_lens must be int32 or int64", "seq_lens")
+        yield ErrorInput("seq-lens-2d", call(seq_lens=lens[None]), ValueError, "seq_lens must be 1-D", "seq_lens")
+        yield ErrorInput("indptr-length", call(kv_indptr=base["kv_indptr"][:4]), ValueError,
+                         r"kv_indptr must have 2\*bs \+ 1 = 5 entries", "kv_indptr")
+        yield ErrorInput("indptr-float", call(kv_indptr=base["kv_indptr"].double()), ValueError,
+                         "kv_indptr must be int32 or int64", "kv_indptr")
+        yield ErrorInput("indices-2d", call(kv_indices=base["kv_indices"][None]), ValueError,
+                         "kv_indices must be 1-D", "kv_indices")
+        yield ErrorInput("capacity-one-short", call(kv_indices=base["kv_indices"][:13]), ValueError,
+                         r"kv_indices holds 13 entries, the batch needs 14 \(2\*sum\(seq_lens\) \+ 3\*bs\)", "kv_indices")
+        yield ErrorInput("seq-lens-negative", call(seq_lens=torch.tensor([3, -1])), ValueError, "seq_lens must be >= 0",
+                         "seq_lens")
+        yield ErrorInput("seq-len-past-max-context", call(seq_lens=torch.tensor([3, 4])), ValueError,
+                         r"seq_lens \+ 2 must be <= 5 \(req_to_token's max_context\)", "seq_lens")
+        yield ErrorInput("row-out-of-table", call(rows=torch.tensor([0, 3])), ValueError, r"rows must be in \[0, 3\)",
+                         "rows")
+        yield ErrorInput("checked-string", call(checked="yes"), TypeError, "checked must be True, False or None",
+                         "checked")
+        yield ErrorInput("bad-impl", lambda: ops.create_draft_kv_indices(**base, impl="cuda"), ValueError,
+                         "impl must be one of", "impl")
+    return errors
+
+
+def _ia_sample(name, seed, dtype, lens, *, heads=(2, 1), num_slots=24, start=0, spare=2, garbage=False,
+               keys=None, index_dtype=torch.int64, lists=None) -> SampleInput:
+    """N = len(lens) decode queries; query i's list has lens[i] entries, slots drawn (with repeats)
+    from the pool's slots 1..num_slots-1, or `lists` (kv_indptr, kv_indices) given outright. The
+    lists start at kv_indptr[0] = start; kv_indices has `start` entries before them and `spare`
+    after them. garbage: slots no list names (the sink among them) hold NaN K/V, and the index
+    entries outside the lists name those slots."""
+    gen = torch.Generator().manual_seed(seed)
+    (nh, nkv), hd = heads, 16
+    if lists is None:
+        indptr = [start]
+        for length in lens:
+            indptr.append(indptr[-1] + length)
+        listed = torch.randint(1, num_slots, (indptr[-1] - start,), generator=gen)
+    else:
+        indptr, listed = lists[0], torch.tensor(lists[1], dtype=torch.int64)
+        lens = [b - a for a, b in zip(indptr, indptr[1:])]
+    n = len(lens)
+    used = torch.zeros(num_slots, dtype=torch.bool)
+    used[listed] = True
+    unused = (~used).nonzero().flatten()
+    outside = torch.randint(0, num_slots, (start + spare,), generator=gen)
+    if garbage:
+        outside = unused[torch.randint(0, unused.numel(), (start + spare,), generator=gen)]
+    kv_indices = torch.cat([outside[:start], listed, outside[start:]])
+    shape = (num_slots, nkv, hd)
+    k = S.normalish(gen, shape) if keys is None else keys(gen, shape)
+    v = S.normalish(gen, shape)
+    q = S.normalish(gen, (n, nh, hd))
+    if garbage:
+        k[~used], v[~used] = float("nan"), float("nan")
+    torch_dtype = dtypes.dtype_info(dtype).torch_dtype
+    return SampleInput(name, {"q": S.cast(q, torch_dtype), "k_cache": S.cast(k, torch_dtype),
+                              "v_cache": S.cast(v, torch_dtype),
+                              "kv_indptr": torch.tensor(indptr, dtype=index_dtype), "kv_indices": kv_indices.to(index_dtype),
+                              "scale": hd ** -0.5}, seed)
+
+
+def _naive_lists(lens, page_size, seed):
+    """(kv_indptr, kv_indices) of naive EAGLE's verify over a paged table (the reference's lists)."""
+    a = _nkv_sample("lists", seed, lens, page_size).args
+    return reference.create_draft_kv_indices(req_to_token=a["req_to_token"].tolist(), rows=a["rows"].tolist(),
+                                             seq_lens=lens)
+
+
+def _ia_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        # float16 / bfloat16 queries: the float32 result before the cast to q's dtype, so the record's
+        # one tolerance covers every dtype (tests/test_draft_kv_indices.py checks the cast itself).
+        low = s.args["q"].dtype in (torch.float16, torch.bfloat16)
+        return {"out": ops.decode_attention_indexed(**s.args, impl=which, out_dtype=torch.float32 if low else None)}
+    return impl
+
+
+def _ia_ref(s: SampleInput) -> dict:
+    a = s.args
+    return {"out": torch.from_numpy(reference.decode_attention_indexed(
+        a["q"].double().numpy(), a["k_cache"].double().numpy(), a["v_cache"].double().numpy(),
+        a["kv_indptr"].numpy(), a["kv_indices"].numpy(), scale=a["scale"]))}
+
+
+def _ia_samples(small: bool):
+    def samples(dtype: str, seed: int):
+        yield _ia_sample("empty-batch", seed, dtype, [])
+        if not small:
+            yield _ia_sample("decode", seed + 1, dtype, [1, 12, 7])
+        yield _ia_sample("empty-kv-lists-give-zeros", seed + 2, dtype, [0, 5, 0, 3], start=2)
+        yield _ia_sample("nan-garbage-outside-lists", seed + 3, dtype, [6, 3, 9], start=4, spare=3, garbage=True)
+        yield _ia_sample("ulp-adjacent-scores", seed + 4, dtype, [9, 5], keys=_ulp_keys)
+        for b in KV_BLOCK_SIZES:          # list lengths around every KV block size
+            yield _ia_sample(f"boundary-list-len-at-kv-block{b}", seed + 40 + b, dtype, [b - 1, b, b + 1, 1],
+                             heads=(1, 1), num_slots=40, garbage=True)
+        yield _ia_sample("gqa-8-to-2", seed + 6, dtype, [6, 2], heads=(8, 2), num_slots=16)
+        yield _ia_sample("mha-3-heads", seed + 7, dtype, [4, 7], heads=(3, 3), num_slots=12)
+        if not small:
+            yield _ia_sample("indptr-start-past-zero", seed + 8, dtype, [3, 0, 4], start=5)
+        yield _ia_sample("int32-index-buffers", seed + 9, dtype, [5, 2, 8], index_dtype=torch.int32, garbage=True)
+        for page in (4,) if small else (1, 4):
+            yield _ia_sample(f"naive-eagle-lists-page{page}", seed + 10 + page, dtype, [], num_slots=48,
+                             lists=_naive_lists([5, 0, 9], page, seed + page), garbage=True)
+        gen = torch.Generator().manual_seed(seed)
+        for i in range(1 if small else 2):
+            n = int(torch.randint(1, 5, (1,), generator=gen))
+            lens = torch.randint(0, 20, (n,), generator=gen).tolist()
+            yield _ia_sample(f"random-{i}", seed + 20 + i, dtype, lens, heads=((2, 1), (4, 2))[i % 2],
+                             start=int(torch.randint(0, 3, (1,), generator=gen)), garbage=bool(i % 2 == 0))
+    return samples
+
+
+def _ia_recipe(dtype: str):
+    from hypothesis import strategies as st
+    lens = st.lists(st.integers(0, 20), min_size=0, max_size=4)
+    return st.tuples(st.integers(0, 2**16), lens, st.sampled_from(((2, 1), (4, 2), (1, 1))), st.integers(0, 3),
+                     st.booleans()).map(
+        lambda t: _ia_sample(f"hyp-heads{t[2][0]}-{t[2][1]}", t[0], dtype, t[1], heads=t[2], start=t[3],
+                             garbage=t[4]))
+
+
+def _ia_errors(which: str):
+    base = _ia_sample("base", 0, "float32", [3, 0, 2], heads=(4, 2)).args      # 5 listed entries, 2 spare
+
+    def call(**changes):
+        return lambda: ops.decode_attention_indexed(**{**base, **changes}, impl=which)
+
+    def errors():
+        q, k, v = base["q"], base["k_cache"], base["v_cache"]
+        yield ErrorInput("q-2d", call(q=q[0]), ValueError, r"q must be 3-D", "q")
+        yield ErrorInput("q-int", call(q=q.to(torch.int32)), ValueError, "q dtype", "q")
+        yield ErrorInput("head-dim-12", call(q=q[..., :12]), ValueError, "head_dim must be a power of two", "q")
+        yield ErrorInput("k-dtype", call(k_cache=k.half()), ValueError, "k_cache must have q's dtype", "k_cache")
+        yield ErrorInput("v-shape", call(v_cache=v[:5]), ValueError, "v_cache must have", "v_cache")
+        yield ErrorInput("gqa-3-heads", call(q=q[:, :3]), ValueError, "multiple of", "num_heads")
+        yield ErrorInput("indptr-length", call(kv_indptr=base["kv_indptr"][:3]), ValueError,
+                         r"kv_indptr must have N \+ 1 = 4 entries", "kv_indptr")
+        yield ErrorInput("indptr-float", call(kv_indptr=base["kv_indptr"].float()), ValueError,
+                         "kv_indptr must be int32 or int64", "kv_indptr")
+        yield ErrorInput("indices-2d", call(kv_indices=base["kv_indices"][None]), ValueError,
+                         "kv_indices must be 1-D", "kv_indices")
+        yield ErrorInput("indptr-decreasing", call(kv_indptr=torch.tensor([0, 3, 2, 5])), ValueError,
+                         "kv_indptr must be non-decreasing", "kv_indptr")
+        yield ErrorInput("indptr-past-indices", call(kv_indptr=torch.tensor([0, 3, 3, 8])), ValueError,
+                         r"kv_indptr\[N\] = 8 is past the end of kv_indices \(7 entries\)", "kv_indices")
+        yield ErrorInput("slot-out-of-pool", call(kv_indices=base["kv_indices"] + 1000), ValueError,
+                         r"must be slots in \[0, 24\)", "kv_indices")
+        yield ErrorInput("scale-missing", lambda: ops.decode_attention_indexed(
+            *(base[a] for a in ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices")), impl=which), TypeError,
+            "keyword-only argument: 'scale'", "scale")
+        yield ErrorInput("scale-zero", call(scale=0.0), ValueError, "scale must be finite and > 0", "scale")
+        yield ErrorInput("scale-bool", call(scale=True), TypeError, "scale must be a float", "scale")
+        yield ErrorInput("q-list", call(q=[1.0]), TypeError, "q must be a torch.Tensor", "q")
+        yield ErrorInput("out-dtype-float16", lambda: ops.decode_attention_indexed(**base, impl=which,
+                                                                                   out_dtype=torch.float16),
+                         ValueError, "out_dtype must be None", "out_dtype")
+        yield ErrorInput("bad-impl", lambda: ops.decode_attention_indexed(**base, impl="cuda"), ValueError,
+                         "impl must be one of", "impl")
+    return errors
+
+
+
+
+# An index op: no floating value anywhere, so no NaN and no ulp neighbours to meet.
+NKV_EDGE_EXEMPT = (("nan", "an integer index op: no floating value is read or written"),
+                   ("ulp", "an integer index op: no floating value is read or written"))
+
+
+RECORDS = (
+    OpSpec("paged_attention", _attn_impl("torch"), _attn_ref, _attn_samples(False), _attn_recipe,
+           _attn_errors("torch"), only("float32", "float16", "bfloat16"), {"out": CLOSE}, platform_dependent=False,
+           max_examples=10),
+    OpSpec("paged_attention_triton", _attn_impl("triton"), _attn_ref, _attn_samples(True), _attn_recipe,
+           _attn_errors("triton"), only("float32", "float16", "bfloat16"), {"out": CLOSE},
+           platform_dependent=False, max_examples=3),
+    OpSpec("create_draft_kv_indices", _nkv_impl("torch"), _nkv_ref, _nkv_samples(False), _nkv_recipe,
+           _nkv_errors("torch"), only("float32"), {"kv_indptr": EXACT, "kv_indices": EXACT},
+           platform_dependent=False, max_examples=15, edge_exempt=NKV_EDGE_EXEMPT),
+    OpSpec("create_draft_kv_indices_triton", _nkv_impl("triton"), _nkv_ref, _nkv_samples(True), _nkv_recipe,
+           _nkv_errors("triton"), only("float32"), {"kv_indptr": EXACT, "kv_indices": EXACT},
+           platform_dependent=False, max_examples=3, edge_exempt=NKV_EDGE_EXEMPT),
+    OpSpec("decode_attention_indexed", _ia_impl("torch"), _ia_ref, _ia_samples(False), _ia_recipe,
+           _ia_errors("torch"), only("float32", "float16", "bfloat16", "float64"), {"out": CLOSE},
+           platform_dependent=False, max_examples=10),
+    OpSpec("decode_attention_indexed_triton", _ia_impl("triton"), _ia_ref, _ia_samples(True), _ia_recipe,
+           _ia_errors("triton"), only("float32", "float16", "bfloat16"), {"out": CLOSE}, platform_dependent=False,
+           max_examples=3),
+)
