@@ -73,7 +73,7 @@ def _record(request, **fields) -> None:
     request.node.user_properties.append((RECORD_KEY, fields))
 
 
-def _cases(impl):
+def _cases(impl, missing: str = "skip"):
     profiles = available_profiles()
     selected = get_profile().name if os.environ.get(ENV_VAR) else None
     for op in REGISTRY.values():
@@ -88,6 +88,8 @@ def _cases(impl):
                 if profile.native and profile.policy in ("cuda", "rocm"):
                     marks.append(getattr(pytest.mark, profile.policy))
                 why = missing_op(impl, op)
+                if why and missing == "omit":
+                    continue
                 if why:
                     marks.append(pytest.mark.skip(reason=why))
                 yield pytest.param(op, profile, dtype, id=f"{op.name}-{pname}-{dtype}", marks=marks)
@@ -219,14 +221,15 @@ def _error_inputs():
     return test_error_inputs
 
 
-def conformance_tests(impl, *, errors: bool = True) -> dict:
+def conformance_tests(impl, *, errors: bool = True, missing: str = "skip") -> dict:
     """The test functions for `impl` (None: specverify's own ops), to put in a test module's
-    namespace: `globals().update(conformance_tests(impl))`."""
-    cases = list(_cases(impl))
+    namespace: `globals().update(conformance_tests(impl))`. missing: "skip" lists an op the
+    implementation lacks as a skipped test (the report names it), "omit" leaves it out."""
+    cases = list(_cases(impl, missing))
     params = pytest.mark.parametrize("op,profile,dtype", cases)
     tests = {"test_differential": pytest.mark.kernels(params(_differential(impl))),
              "test_property": pytest.mark.kernels(params(_property(impl))),
-             "test_law": laws.law_test(impl)}
+             "test_law": laws.law_test(impl, missing)}
     if errors:
         tests["test_error_inputs"] = pytest.mark.parametrize("error", list(_error_cases(impl)))(_error_inputs())
     return tests

@@ -65,7 +65,10 @@ def mutant_toml(*records, tests="tests/test_add.py") -> str:
 
 def make_tree(root: Path, *, zoo: str | None = None, reference: bool = True, tests: str = TESTS) -> Path:
     """A repository in miniature: specverify/, reference/, tests/, conftest.py, pyproject.toml."""
-    files = {"specverify/__init__.py": SOURCE, "tests/__init__.py": "", "tests/test_add.py": tests,
+    # specverify.conformance.plugin: the pytest11 entry point of the installed package, which every
+    # pytest run in the copy loads; it must resolve inside the copy, as the real tree's does.
+    files = {"specverify/__init__.py": SOURCE, "specverify/conformance/__init__.py": "",
+             "specverify/conformance/plugin.py": "", "tests/__init__.py": "", "tests/test_add.py": tests,
              "conftest.py": "", "pyproject.toml": "[tool.pytest.ini_options]\ntestpaths = [\"tests\"]\n",
              "tests/mutants/zoo.toml": zoo if zoo is not None else mutant_toml(KILLED, SURVIVES)}
     if reference:
@@ -234,7 +237,10 @@ def test_device_available_asks_a_child_process():
 
 
 def test_a_slice_that_never_imports_the_mutated_file_is_reported(tmp_path):
-    tree = make_tree(tmp_path, zoo=mutant_toml(SURVIVES), tests="def test_nothing():\n    pass\n")
+    # A module of its own: every pytest run imports the package itself (the conformance plugin).
+    zoo = mutant_toml(SURVIVES).replace('file = "specverify/__init__.py"', 'file = "specverify/extra.py"')
+    tree = make_tree(tmp_path, zoo=zoo, tests="def test_nothing():\n    pass\n")
+    (tree / "specverify/extra.py").write_text("def unused():\n    return 1\n", encoding="utf-8")
     zoo = mutants.load_zoo(tree / "tests/mutants", tree)
     [res] = mutants.run_zoo(zoo, tree, progress=lambda line: None)
     assert (res.status, res.detail) == ("survived", "the slice never imported the mutated file")

@@ -87,6 +87,10 @@ class ExampleImpl:
     def __init__(self):
         self.rng = np.random.default_rng(SEED)
 
+    def seed(self, value: int) -> None:
+        """Reseed the generator (the law tests call it with the test's seed before drawing)."""
+        self.rng = np.random.default_rng([SEED, value])
+
     def versions(self) -> dict:
         return {"numpy": np.__version__}
 
@@ -123,6 +127,11 @@ class ExampleImpl:
         u = self.rng.random(p.shape[0]) * cumulative[:, -1]
         return {"token": (cumulative > u[:, None]).argmax(axis=1).astype(np.int64)}
 
+    @staticmethod
+    def residual(p0: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """What a rejection draws from: max(p_0 - q, 0) (normalized by the inverse-CDF draw)."""
+        return np.maximum(p0 - q, 0.0)
+
     def verify_naive(self, probs, draft, mode):
         """The chain [root, draft] with the draft's probabilities q: accept d with probability
         min(1, p_0(d) / q(d)); on a rejection draw from max(p_0 - q, 0), else from p_1."""
@@ -132,7 +141,7 @@ class ExampleImpl:
         rows = np.arange(d.size)
         ratio = p[rows, 0, d] / q[rows, d]
         accepted = self.rng.random(d.size) < ratio
-        residual = np.maximum(p[:, 0] - q, 0.0)
+        residual = self.residual(p[:, 0], q)
         source = np.where(accepted[:, None], p[:, 1], residual)
         cumulative = np.cumsum(source, axis=1)
         u = self.rng.random(d.size) * cumulative[:, -1]

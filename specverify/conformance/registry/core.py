@@ -196,7 +196,8 @@ def missing_op(plugin, op: OpSpec | str) -> str | None:
         return unavailable
     if callable(getattr(plugin, name, None)):
         return None
-    return f"{os.environ.get(IMPL_ENV, type(plugin).__name__)} has no attribute {name!r}: op not implemented"
+    who = getattr(plugin, "name", None) or os.environ.get(IMPL_ENV) or type(plugin).__name__
+    return f"{who} has no attribute {name!r}: op not implemented"
 
 
 def run_impl(op: OpSpec, sample: SampleInput, profile, plugin=None, outputs: str = "returned") -> dict:
