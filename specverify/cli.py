@@ -109,6 +109,11 @@ def main(argv=None) -> int:
                                       "`matrix merge` joins reports")
     matrix.add_arguments(p)
     p.set_defaults(func=matrix.command)
+    # conformance: compare the verdicts of two conformance reports (specverify/conformance/report.py)
+    from specverify.conformance import report as conformance_report
+    p = sub.add_parser("conformance", help="`conformance diff GOT.json EXPECTED.json`: did an engine's verdicts move?")
+    conformance_report.add_arguments(p)
+    p.set_defaults(func=conformance_report.command)
     args = parser.parse_args(argv)
     if args.command == "demo":
         # Validate the profile up front: a bad --platform or SPECVERIFY_PLATFORM is one line, no traceback.

@@ -128,3 +128,49 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         out += [f"| {_cell(r['nodeid'].split('::')[-1])} | {_cell(r['reason'])} |" for r in skipped]
         out.append("")
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# `python -m specverify conformance diff GOT.json EXPECTED.json`: has an engine's conformance moved?
+
+
+def verdicts(data: dict) -> dict[str, str]:
+    """test id -> verdict (with the named differences and failing samples, which are part of it)."""
+    table = {}
+    for row in data["results"]:
+        key = row["nodeid"].split("::", 1)[-1]
+        detail = row.get("differences") or row.get("failing") or ""
+        table[key] = f"{row['verdict']}{': ' + ', '.join(detail) if detail else ''}"
+    return table
+
+
+def diff(got: dict, expected: dict) -> list[str]:
+    """One line per test whose verdict differs between two reports (or that only one has)."""
+    a, b = verdicts(got), verdicts(expected)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            lines.append(f"{key}: {a.get(key, '(absent)')}  (expected {b.get(key, '(absent)')})")
+    return lines
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="conformance_command", required=True)
+    p = sub.add_parser("diff", help="compare the verdicts of two conformance reports (json); exit 1 if any moved")
+    p.add_argument("got", type=Path)
+    p.add_argument("expected", type=Path)
+
+
+def command(args) -> int:
+    loaded = []
+    for which, path in (("got", args.got), ("expected", args.expected)):
+        try:
+            loaded.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as err:
+            print(f"error: {which}: cannot read the report {path}: {err}")
+            return 2
+    lines = diff(*loaded)
+    for line in lines:
+        print(line)
+    print(f"{len(lines)} verdicts moved" if lines else f"the same {len(verdicts(loaded[0]))} verdicts")
+    return 1 if lines else 0
