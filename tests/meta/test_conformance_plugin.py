@@ -73,7 +73,7 @@ def test_the_example_conforms_from_outside_the_repo(tmp_path):
     assert data is not None and data["meta"]["engine"] == "example (numpy)"
     verdicts = {r["verdict"] for r in data["results"]}
     assert verdicts <= {"conforms", "law", "skipped"}, verdicts
-    assert len(_rows(data, test="differential", verdict="conforms")) >= 20
+    assert len(_rows(data, test="differential", verdict="conforms")) >= 12     # 16 on a CUDA box, 31 on a CPU
     laws = _rows(data, test="law")
     assert {r["op"] for r in laws} == {"sample_from_probs", "sample_filtered", "verify_naive"}
     for r in laws:
