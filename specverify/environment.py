@@ -1,7 +1,7 @@
 """What the machine and the libraries under a run are: the CPU instruction set torch's kernels
 use, the library versions and the supported ranges, the intra-op thread count.
 
-A verdict of the suite must not move along any of these (README.md, "Portable verdicts"),
+A verdict of the suite must not move along any of these (docs/portability.md),
 so every report says where it was made: the pytest report header, the matrix columns, the golden
 command's summary. `ATEN_CPU_CAPABILITY` makes torch's CPU kernels use a lower instruction set
 than the machine's best (`default`, `avx2`, ...); torch silently ignores a value it does not know

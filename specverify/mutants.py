@@ -562,7 +562,7 @@ def format_table(results: list[Result]) -> str:
 
 
 def markdown_table(results: list[Result], mutants: list[Mutant]) -> str:
-    """The table as markdown, one line per mutant with its `why` (for the README)."""
+    """The table as markdown, one line per mutant with its `why` (for docs/mutants.md's kill table)."""
     why = {m.name: m.why for m in mutants}
     cell = lambda s: s.replace("|", "\\|").replace("\n", " ")   # noqa: E731
     lines = ["| mutant | killed | first failing test | s | why |", "|---|---|---|---:|---|"]
@@ -619,7 +619,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fast", action="store_true", help="only the mutants marked fast = true (the CI subset)")
     p.add_argument("--baseline", action="store_true",
                    help="first run every slice unmutated; a mutant whose slice fails unmutated is refused")
-    p.add_argument("--markdown", metavar="FILE", help="also write the table as markdown to FILE")
+    p.add_argument("--markdown", metavar="FILE", help="also write the table as markdown to FILE (the rows of docs/mutants.md's kill table)")
     p.add_argument("--jobs", type=_positive_int, default=1, metavar="N", help="mutants run in parallel (copies)")
     p.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help=f"seconds per slice before it counts as a kill by timeout (default {DEFAULT_TIMEOUT_S:g})")

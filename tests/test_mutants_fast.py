@@ -1,6 +1,6 @@
 """The CI subset of the bug zoo: every `fast = true` mutant of tests/mutants/ is planted in a copy
 of the tree and killed by its slice, and every slice passes unmutated (else a kill means nothing).
-The whole zoo: `python -m specverify mutants` (README, "Mutation testing")."""
+The whole zoo: `python -m specverify mutants` (docs/mutants.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Bad input on the public API: every outcome is the documented error, never anything else.
 
-The rule (README, "Bad input"): a wrong *type* raises TypeError, a right type out of its bound
+The rule (docs/bad-input.md): a wrong *type* raises TypeError, a right type out of its bound
 raises ValueError (or the module's own subclass: MalformedMessage, ProfileUnavailable, ...), and
 the message names the argument. An int is an int: not a bool, not a float, not a str.
 
