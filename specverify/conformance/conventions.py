@@ -7,9 +7,10 @@ against the reference under the conventions it declares; every declared value th
 specverify's and that the op's record knows (`OpSpec.conventions`) is a named difference, reported
 with the smallest sample on which the two semantics give different outputs.
 
-Three keys are not semantics but calling conventions, read by the runner: `randomness` (an op
+Four keys are not semantics but calling conventions, read by the runner: `randomness` (an op
 drawing its own uniforms is judged by law, specverify.conformance.laws), `inputs` (probabilities
-instead of logits for the law op that samples) and `outputs` (an op writing into its arguments).
+instead of logits for the law op that samples), `outputs` (an op writing into its arguments) and
+`precision` (float outputs compared by the float32 tolerance entry).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ CONVENTIONS: dict[str, tuple[str, ...]] = {
     "randomness": ("counter", "own"),
     "inputs": ("logits", "probs"),
     "outputs": ("returned", "in_place"),
+    "precision": ("float64", "float32"),
 }
 SPECVERIFY = {key: values[0] for key, values in CONVENTIONS.items()}
 
@@ -39,6 +41,8 @@ DIFFERENCES: dict[tuple[str, str], str] = {
     ("randomness", "own"): "draws its own uniforms: judged by law against the exact distribution",
     ("inputs", "probs"): "takes probabilities (the temperature softmax of the logits) instead of logits",
     ("outputs", "in_place"): "writes its outputs into its argument tensors",
+    ("precision", "float32"): "computes probabilities in float32: its floats are compared by the float32 "
+                              "tolerance entry (token ids and indices still exactly)",
 }
 SEMANTIC = ("topk_ties", "topp_ties", "accept_rule", "argmax_nan")
 
@@ -96,6 +100,13 @@ def alternatives(op, conventions: dict):
             continue
         label = ", ".join(f"{k}={v}" for k, v in combo.items())
         yield label, functools.partial(op.ref, **combo)
+
+
+def tolerance(op, conventions: dict):
+    """The tolerance table entries an op's CLOSE outputs are compared by under the conventions."""
+    if conventions.get("precision") == "float32":
+        return (op.tolerance_dtype, "float32")          # the loosest of the two applies
+    return op.tolerance_dtype
 
 
 def describe(key: str, value: str) -> str:

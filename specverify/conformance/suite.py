@@ -121,6 +121,7 @@ def _differential(impl):
                                     f"(need exactly 1); its samples: {names}")
         named = C.named_differences(op, conv)
         ref = C.reference_for(op, conv)
+        tol = C.tolerance(op, conv)
         fails, witnesses, unsupported = [], [], {}
         for i, sample in samples:
             try:
@@ -128,14 +129,19 @@ def _differential(impl):
             except Unsupported as why:
                 unsupported[sample.name] = str(why)
                 continue
+            except Exception as err:           # the implementation raised: this sample fails, with its error
+                if impl is None:
+                    raise
+                fails.append((i, sample, f"{op.name} sample {i}: raised {type(err).__name__}: {err}", None))
+                continue
             try:
-                compare_outputs(op, got, ref(sample), f"{op.name} sample {i}")
+                compare_outputs(op, got, ref(sample), f"{op.name} sample {i}", tol)
             except AssertionError as err:
                 fails.append((i, sample, str(err), got))
                 continue
             if named:
                 try:
-                    compare_outputs(op, got, op.ref(sample), f"{op.name} sample {i}")
+                    compare_outputs(op, got, op.ref(sample), f"{op.name} sample {i}", tol)
                 except AssertionError as err:
                     witnesses.append((i, sample, str(err)))
         node = f"{request.node.path}::{request.node.name}"
@@ -146,7 +152,7 @@ def _differential(impl):
                         f"{next(iter(unsupported.values()))}")
         if fails:
             i, sample, err, got = _smallest(fails)
-            hint = [label for label, alt in C.alternatives(op, conv) if _matches(op, got, alt(sample))]
+            hint = [label for label, alt in C.alternatives(op, conv) if _matches(op, got, alt(sample), tol)]
             replay = replay_command(node, sample)
             _record(request, **base, verdict="fails", samples=len(samples), failing=[s.name for _, s, _, _ in fails],
                     counterexample=show_sample(sample), error=err, replay=replay, matches=hint)
@@ -167,9 +173,11 @@ def _differential(impl):
     return test_differential
 
 
-def _matches(op, got, want) -> bool:
+def _matches(op, got, want, tol) -> bool:
+    if got is None:
+        return False
     try:
-        compare_outputs(op, got, want, op.name)
+        compare_outputs(op, got, want, op.name, tol)
     except AssertionError:
         return False
     return True
@@ -197,7 +205,7 @@ def _property(impl):
                 got = run_impl(op, sample, profile, impl, conv["outputs"])
             except Unsupported:
                 return                     # a parameter the engine does not offer (test_differential names it)
-            compare_outputs(op, got, ref(sample), f"{op.name} {sample.summary()}")
+            compare_outputs(op, got, ref(sample), f"{op.name} {sample.summary()}", C.tolerance(op, conv))
 
         check()
     return test_property
