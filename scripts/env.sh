@@ -77,6 +77,25 @@ sv_oldest_triton() {
   echo "$dir"
 }
 
+# sv_conformance_wheel VENV: download the engine wheel pinned in constraints/conformance.txt (no
+# dependencies; tagged for CPython 3.12 on x86-64 Linux, whatever runs this) into VENV/wheels
+# unless it is there already, and print its path.
+sv_conformance_wheel() {
+  local venv=$1 pin dir name version found
+  pin=$(grep -v '^#' "$root/constraints/conformance.txt" | grep -m1 .)
+  name=${pin%%==*}
+  version=${pin##*==}
+  dir="$venv/wheels"
+  found=$(ls "$dir/$name-$version-"*.whl 2>/dev/null | head -1)
+  if [ -z "$found" ]; then
+    echo "env.sh: downloading the $pin wheel into $dir (conformance of its kernels)" >&2
+    "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64 -d "$dir" "$pin" >&2
+    found=$(ls "$dir/$name-$version-"*.whl 2>/dev/null | head -1)
+  fi
+  [ -n "$found" ] && echo "$found"
+}
+
 if [ "${SPECVERIFY_ENV_FUNCTIONS_ONLY:-0}" = 1 ]; then
   return 0 2>/dev/null || exit 0
 fi

@@ -102,6 +102,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                 "| op | case | randomness | N | power against (effect size w) | chi-square (df) | p | verdict |",
                 "|---|---|---|---|---|---|---|---|"]
         for r in law:
+            if r["verdict"] == "unsupported":
+                out.append(f"| {r['op']} | {r['case']} | {r['randomness']} | {r['draws']} | | | | "
+                           f"**unsupported**: {_cell(r['detail'])} |")
+                continue
             alts = "; ".join(f"{k}: {v['power']:.4f} (w {v['w']:.3g})" for k, v in r["alternatives"].items())
             verdict = r["verdict"] + (f": {r['problem']}" if r.get("problem") else "")
             out.append(f"| {r['op']} | {r['case']} | {r['randomness']} | {r['draws']} | {_cell(alts)} | "
