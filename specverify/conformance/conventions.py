@@ -71,8 +71,17 @@ def conventions_for(impl, op_name: str) -> dict[str, str]:
     merged = dict(SPECVERIFY)
     merged.update(_checked(f"{type(impl).__name__}.conventions", getattr(impl, "conventions", None)))
     per_op = getattr(impl, "op_conventions", None) or {}
+    unknown = sorted(set(per_op) - known_ops())
+    if unknown:
+        raise ConventionError(f"{type(impl).__name__}.op_conventions names no registry or law op: {unknown}")
     merged.update(_checked(f"{type(impl).__name__}.op_conventions[{op_name!r}]", per_op.get(op_name)))
     return merged
+
+
+def known_ops() -> set:
+    from specverify.conformance.laws import LAWS
+    from specverify.conformance.registry import REGISTRY
+    return set(REGISTRY) | set(LAWS)
 
 
 def named_differences(op, conventions: dict) -> list[tuple[str, str]]:

@@ -90,12 +90,14 @@ def replicate(value, n: int):
     return value
 
 
-def _tokens_valid(args: dict, out: dict, law_support: set) -> str | None:
-    token = out["token"]
-    if token.shape != (token.shape[0],):
-        return f"token has shape {tuple(token.shape)}, expected [N]"
-    bad = sorted(set(token.tolist()) - law_support)[:5]
-    return f"tokens outside the distribution's support were drawn: {bad}" if bad else None
+def _tokens_valid(args: dict, out: dict) -> str | None:
+    """One int token per row (the support is checked on the counted cells)."""
+    token = out.get("token")
+    rows = next(v.shape[0] for v in args.values() if isinstance(v, torch.Tensor) and v.dim())
+    if token is None or token.shape != (rows,) or token.dtype.is_floating_point:
+        return (f"token: expected shape [{rows}] of integer ids, got "
+                f"{'nothing' if token is None else f'shape {tuple(token.shape)} of {token.dtype}'}")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,9 +225,9 @@ def _chain_valid(args: dict, out: dict) -> str | None:
 
 LAWS: dict[str, LawSpec] = {spec.op: spec for spec in (
     LawSpec("sample_from_probs", ("u",), _draw_cases, _draw_own, lambda out: out["token"].tolist(),
-            lambda args, out: None),
+            _tokens_valid),
     LawSpec("sample_filtered", ("u",), _filter_cases, _filter_own, lambda out: out["token"].tolist(),
-            lambda args, out: None),
+            _tokens_valid),
     LawSpec("verify_naive", ("coin", "final"), _chain_cases, _chain_own,
             lambda out: list(zip(out["num_correct"].tolist(), out["bonus"].tolist())), _chain_valid),
 )}
@@ -261,9 +263,11 @@ def emit(spec: LawSpec, case: LawCase, n: int, impl, conv: dict, device, seed: i
         else:
             out = getattr(impl, spec.op)(**args, **uniforms)
         out = {k: torch.as_tensor(np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v)) for k, v in out.items()}
-        problem = problem or spec.valid(args, out)
-        for cell in spec.cells(out):
-            counts[cell] = counts.get(cell, 0) + 1
+        invalid = spec.valid(args, out)
+        problem = problem or invalid
+        if invalid is None:                  # an invalid chunk is named, not counted
+            for cell in spec.cells(out):
+                counts[cell] = counts.get(cell, 0) + 1
         done += rows
     support = set(case.law)
     outside = sorted((c for c in counts if c not in support), key=str)[:5]

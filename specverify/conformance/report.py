@@ -29,6 +29,10 @@ class ReportCollector:
         if report.when == "call" or (report.when == "setup" and report.skipped):
             for record in records:
                 self.rows.append({**record, "nodeid": report.nodeid})
+            if not records and report.failed and ("test_differential" in report.nodeid or "test_law" in report.nodeid):
+                lines = str(report.longrepr).strip().splitlines()
+                self.rows.append({"nodeid": report.nodeid, "verdict": "fails", "test": "crashed",
+                                  "error": lines[-1] if lines else "(no message)"})
             if not records and report.skipped and ("test_differential" in report.nodeid or "test_law" in report.nodeid):
                 reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
                 self.rows.append({"nodeid": report.nodeid, "verdict": "skipped",

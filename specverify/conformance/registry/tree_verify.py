@@ -210,7 +210,17 @@ def _verify_samples(dtype: str, seed: int):
 
 
 def _stochastic_samples(dtype: str, seed: int):
-    return (s for s in _verify_samples(dtype, seed) if not s.name.startswith("nan"))
+    yield from (s for s in _verify_samples(dtype, seed) if not s.name.startswith("nan"))
+    # The root's coin exactly on its first child's target probability (a float64 value of the
+    # sample, so the equality is exact): u < acc rejects that child, u <= acc (an engine's rule)
+    # accepts it.
+    s = _verify_sample("boundary-coin-at-the-threshold", seed + 40, (3, 2, 2, 5), dtype)
+    tokens, parents = s.args["tree"]["tokens"], s.args["tree"]["parents"]
+    coins = s.args["coins"].clone()
+    for b in range(tokens.shape[0]):
+        first = int((parents[b] == 0).nonzero()[0, 0])
+        coins[b, 0] = s.args["probs"][b, 0, int(tokens[b, first])]
+    yield SampleInput(s.name, {**s.args, "coins": coins}, s.seed)
 
 
 def _verify_recipe(dtype: str):
