@@ -73,8 +73,9 @@ def convert_logits(config, row) -> ConvertedLogits:
 
 
 # What a NaN in a row means to the greedy choice: "nan_is_max" is section 3's (np.argmax and
-# torch.argmax: the first NaN wins); "nan_ignored" reads NaN as -1e30, below every other value
-# but -inf (an engine that masks NaN before its argmax; docs/conformance.md, "Conventions").
+# torch.argmax: the first NaN wins); "nan_ignored" reads each NaN as float32(-1e30) and then takes
+# the first maximum: NaN beats -inf and anything below -1e30, ties with -1e30 (first index wins),
+# and an all-NaN row gives 0 (an engine that masks NaN before its argmax; docs/conformance.md).
 NAN_RULES = ("nan_is_max", "nan_ignored")
 NAN_IGNORED_VALUE = -1e30
 

@@ -36,8 +36,9 @@ DIFFERENCES: dict[tuple[str, str], str] = {
     ("topp_ties", "keep_tied"): "top-p cuts at a probability value: every token tied with the last one kept is "
                                 "kept (specverify cuts in the order p descending, index ascending)",
     ("accept_rule", "le"): "a draft is accepted when u <= threshold (specverify: u < threshold)",
-    ("argmax_nan", "nan_ignored"): "NaN logits are read as -1e30, below every finite value (specverify: the "
-                                   "first NaN is the maximum, as torch.argmax)",
+    ("argmax_nan", "nan_ignored"): "NaN logits are read as float32(-1e30), then the first maximum wins (NaN beats "
+                                   "-inf, ties with -1e30; an all-NaN row gives 0) (specverify: the first NaN is "
+                                   "the maximum, as torch.argmax)",
     ("randomness", "own"): "draws its own uniforms: judged by law against the exact distribution",
     ("inputs", "probs"): "takes probabilities (the temperature softmax of the logits) instead of logits",
     ("outputs", "in_place"): "writes its outputs into its argument tensors",

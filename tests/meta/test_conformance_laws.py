@@ -130,7 +130,7 @@ def test_reference_variant_accept_le_accepts_a_coin_equal_to_the_threshold():
     assert lt[:2] == ([0, -1], 0) and le == ([0, 1], 1, 2)
 
 
-def test_reference_variant_nan_ignored_reads_nan_below_every_finite_value():
+def test_reference_variant_nan_ignored_reads_nan_as_minus_1e30():
     nan, inf = math.nan, math.inf
     assert rlogits.greedy_token([nan, -3.0, -2.0]) == 0
     assert rlogits.greedy_token([nan, -3.0, -2.0], "nan_ignored") == 2

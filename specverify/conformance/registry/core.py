@@ -146,9 +146,10 @@ def validate_record(op: OpSpec) -> None:
 
 
 def on_device(value, device):
-    """Move every tensor inside a sample's args (dicts and lists too) to `device`."""
+    """Move every tensor inside a sample's args (dicts and lists too) to `device` ("clone": copy
+    each where it is)."""
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return value.clone() if device == "clone" else value.to(device)
     if isinstance(value, dict):
         return {k: on_device(v, device) for k, v in value.items()}
     if isinstance(value, list):
@@ -206,6 +207,9 @@ def run_impl(op: OpSpec, sample: SampleInput, profile, plugin=None, outputs: str
     convention, "returned" (a dict of outputs) or "in_place" (outputs written into the arguments of
     the same name; a returned dict, if any, adds to them)."""
     moved = dataclasses.replace(sample, args=on_device(sample.args, profile.device))
+    if plugin is not None and outputs == "in_place":
+        # The engine writes into these: its own copies, never the sample the reference reads.
+        moved = dataclasses.replace(moved, args=on_device(moved.args, "clone"))
     if plugin is None:
         out = op.impl(moved, profile)
     else:

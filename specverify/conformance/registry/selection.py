@@ -280,9 +280,10 @@ def _argmax_samples(small: bool):
         yield _argmax_sample("inf-rows", S.inf_rows(gen, 3, 70), dtype, seed)
         yield _argmax_sample("all-equal", torch.zeros((2, 70)), dtype, seed)
         yield _argmax_sample("empty-batch", torch.zeros((0, 33)), dtype, seed)
-        if not small:
+        if not small and dtype == "float32":
             # NaN rows in a batch of more than 64: an engine may reduce small and large batches by
-            # different kernels (a NaN rule that holds for one batch size class only).
+            # different kernels (a NaN rule that holds for one batch size class only). One dtype:
+            # an engine's kernel interpreted on a CPU takes most of a minute over 72 rows.
             yield _argmax_sample("nan-rows-bs72", S.nan_rows(gen, 72, 70), dtype, seed)
     return samples
 
