@@ -129,7 +129,7 @@ def _extract_wheel(wheel: Path) -> Path:
         # Extract beside the target and rename: concurrent workers never see a half-written tree.
         scratch = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
         zf.extractall(scratch, members)
-        (scratch / ".complete").write_text(str(wheel))
+        (scratch / ".complete").write_text(str(wheel), encoding="utf-8")
         try:
             scratch.rename(target)
         except OSError:               # another process got there first: use its copy
