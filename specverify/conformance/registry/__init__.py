@@ -11,9 +11,11 @@ from specverify.conformance.registry.core import (  # noqa: F401
     CLOSE, EDGE_KINDS, EXACT, IMPL_ENV, POLICIES, SAMPLE_OPTION, ErrorInput, OpSpec, SampleInput, compare_outputs,
     load_impl, missing_op, on_device, replay_command, run_impl, select_samples, validate_record,
 )
-from specverify.conformance.registry import attention, protocol, sampling, selection, state_commit, tree_verify
+from specverify.conformance.registry import (
+    attention, dflash, protocol, sampling, selection, state_commit, tree_verify,
+)
 
-FAMILIES = (selection, tree_verify, sampling, attention, state_commit, protocol)
+FAMILIES = (selection, tree_verify, dflash, sampling, attention, state_commit, protocol)
 
 # The records in the order the tests list them (golden files and test ids name ops, not positions).
 ORDER = ("select_draft_topk", "draft_tree", "verify_greedy", "verify_stochastic", "verify_naive", "sampling_probs",
