@@ -119,6 +119,12 @@ class _FlashInfer:
         """float32(logits) * scale per row, contiguous: what FlashInfer's float32 kernels read."""
         return (logits.float() * scale.float()).contiguous()
 
+    def _renorm_input(self, logits, scale, min_p):
+        """The scaled float32 logits of sampling_probs; min-p has no FlashInfer renorm."""
+        if min_p > 0.0:
+            raise Unsupported("min_p renorm: flashinfer has none (only min_p_sampling_from_probs, which draws)")
+        return self._scaled(logits, scale)
+
 
 class FlashInferSampling(_FlashInfer):
     """The probabilities route: FlashInfer's softmax, renorm and *_from_probs kernels."""
@@ -134,9 +140,7 @@ class FlashInferSampling(_FlashInfer):
         return p
 
     def sampling_probs(self, logits, scale, temperature, top_k, top_p, min_p):
-        if min_p > 0.0:
-            raise Unsupported("min_p renorm: flashinfer has none (only min_p_sampling_from_probs, which draws)")
-        z = self._scaled(logits, scale)
+        z = self._renorm_input(logits, scale, min_p)
         if z.shape[0] == 0:
             return {"p": z.double()}
         p = self.load().softmax(z, temperature=float(temperature))
@@ -208,9 +212,7 @@ class FlashInferFromLogits(_FlashInfer):
     route = " (from logits)"
 
     def sampling_probs(self, logits, scale, temperature, top_k, top_p, min_p):
-        if min_p > 0.0:
-            raise Unsupported("min_p renorm: flashinfer has none (only min_p_sampling_from_probs, which draws)")
-        z = self._scaled(logits, scale)
+        z = self._renorm_input(logits, scale, min_p)
         if z.shape[0] == 0:
             return {"p": z.double()}
         fi = self.load()
