@@ -244,5 +244,6 @@ def conformance_tests(impl, *, errors: bool = True, missing: str = "skip") -> di
              "test_property": pytest.mark.kernels(params(_property(impl))),
              "test_law": laws.law_test(impl, missing)}
     if errors:
-        tests["test_error_inputs"] = pytest.mark.parametrize("error", list(_error_cases(impl)))(_error_inputs())
+        tests["test_error_inputs"] = pytest.mark.kernels(
+            pytest.mark.parametrize("error", list(_error_cases(impl)))(_error_inputs()))
     return tests
