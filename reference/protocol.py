@@ -203,3 +203,56 @@ def legacy_decode(buf, *, capacity: ProtocolCapacity = DEFAULT_PROTOCOL_CAPACITY
     width = capacity.k + 1
     token_ids, logprobs, ranks = _read_rows(buf, capacity, counts, width)
     return _as_dict(signed_id, header, width, counts, token_ids, logprobs, ranks)
+
+
+# ------------------------------------------------------------------------------------------
+# the output stream: decoded messages -> per-request results (the output processor's contract)
+
+PREEMPTED = -9
+RECOVERY_STOP = -3
+TARGET_FLAG = 3
+DRAFT_FLAG = 4
+
+
+def merge_stream(messages: list, num_requests: int) -> list:
+    """Fold decoded messages (dicts of `packed_decode`) into one result per request slot:
+    {"tokens", "status" (running | preempted | recovery_stop), "steps": [(token_ids, logprobs,
+    ranks) per target step with tokens], "drafts": [draft rows of that step or None]}.
+
+    Target messages: count 0 adds nothing (chunked prefill), -9 preempts, -3 is a recovery stop,
+    a positive count appends that many rows as one step. Draft messages: a positive count replaces
+    the draft rows of the request's latest step. ValueError: a message after the one that ended
+    the stream (keep_running false), more slots than requests, a flag other than 3 or 4, a count
+    for a request that already stopped, draft rows before any target step."""
+    out = [{"tokens": [], "status": "running", "steps": [], "drafts": []} for _ in range(num_requests)]
+    ended = False
+    for n, m in enumerate(messages):
+        if ended:
+            raise ValueError(f"message {n}: the stream already ended")
+        if m["bsz"] > num_requests:
+            raise ValueError(f"message {n}: {m['bsz']} slots for {num_requests} requests")
+        if m["flag"] not in (TARGET_FLAG, DRAFT_FLAG):
+            raise ValueError(f"message {n}: flag {m['flag']}")
+        for slot in range(m["bsz"]):
+            count, req = m["counts"][slot], out[slot]
+            rows = (m["token_ids"][slot], m["logprobs"][slot], m["ranks"][slot])
+            if m["flag"] == DRAFT_FLAG:
+                if count > 0:
+                    if len(req["steps"]) == 0:
+                        raise ValueError(f"message {n}: draft rows for request {slot} before any target step")
+                    req["drafts"][len(req["drafts"]) - 1] = rows
+                continue
+            if count == 0:
+                continue
+            if req["status"] != "running":
+                raise ValueError(f"message {n}: count {count} for request {slot}, which ended ({req['status']})")
+            if count == PREEMPTED:
+                req["status"] = "preempted"
+            elif count == RECOVERY_STOP:
+                req["status"] = "recovery_stop"
+            else:
+                req["tokens"] = req["tokens"] + [row[0] for row in rows[0]]
+                req["steps"].append(rows)
+                req["drafts"].append(None)
+        ended = not m["keep_running"]
+    return out
