@@ -3,7 +3,8 @@
 A hypothesis state machine sends target and draft messages for up to five request slots: several
 target steps before a draft message, drafts of some requests only, chunked-prefill zeros,
 requests preempted or stopped in between while the others go on, a smaller `bsz` than the
-processor serves, every row width. Each message is packed by specverify's writer and read twice:
+processor serves, every row width. Each message is packed by specverify's writer, carried by the
+shared-memory ring (specverify.protocol.transport) and read twice:
 by specverify's reader into the OutputProcessor, and byte by byte by the reference decoder
 (reference.protocol.packed_decode) folded by reference.protocol.merge_stream. After every step
 both hold the same tokens, statuses, logprob records and draft rows per request; a message the
@@ -23,6 +24,7 @@ from reference import protocol as rproto
 from specverify.protocol.message import (DRAFT_TOKENS, PREEMPTED, RECOVERY_STOP, TARGET_TOKENS, Capacity,
                                          MessageWriter, read_message)
 from specverify.protocol.output import OutputProcessor, StreamError
+from specverify.protocol.transport import RingConsumer, RingProducer, RingSpec
 
 CAP = Capacity(max_bsz=5, k=3, max_draft_tokens=3)
 RCAP = rproto.ProtocolCapacity(CAP.max_bsz, CAP.k, CAP.max_draft_tokens)
@@ -50,6 +52,9 @@ class OutputStream(RuleBasedStateMachine):
     def start(self, num_requests):
         self.num_requests = num_requests
         self.proc = OutputProcessor(num_requests)
+        # Every message crosses the shared-memory ring before either side reads it.
+        self.producer = RingProducer.create(RingSpec(4, 1024))
+        self.consumer = RingConsumer.attach(self.producer.name)
 
     def _send(self, data, flag, counts, keep_running=True):
         """Pack one message (random rows when `data` is given, zeros otherwise) and read it both ways."""
@@ -68,7 +73,10 @@ class OutputStream(RuleBasedStateMachine):
             token_ids=np.array(ids, dtype=np.int64).reshape(bsz, rows, width),
             logprobs=np.array(lps, dtype=np.float32).reshape(bsz, rows, width),
             ranks=np.array(ranks, dtype=np.int64).reshape(bsz, rows)))
-        return read_message(wire, capacity=CAP), rproto.packed_decode(wire, capacity=RCAP)
+        self.producer.send(wire)
+        carried = self.consumer.receive(timeout=5.0)
+        assert carried == wire, f"message {self.msg_id}: the ring delivered other bytes"
+        return read_message(carried, capacity=CAP), rproto.packed_decode(carried, capacity=RCAP)
 
     def _both_take(self, msg, decoded):
         self.proc.process(msg)
@@ -117,11 +125,15 @@ class OutputStream(RuleBasedStateMachine):
 
     def teardown(self):
         """The stream ends with a keep_running=False message, which both take; anything after it
-        both refuse."""
-        self._both_take(*self._send(None, TARGET_TOKENS, [0] * self.num_requests, keep_running=False))
-        self.the_same_results()
-        for flag in (TARGET_TOKENS, DRAFT_TOKENS):
-            self._both_refuse(*self._send(None, flag, [0]))
+        both refuse. The ring is closed whatever happened."""
+        try:
+            self._both_take(*self._send(None, TARGET_TOKENS, [0] * self.num_requests, keep_running=False))
+            self.the_same_results()
+            for flag in (TARGET_TOKENS, DRAFT_TOKENS):
+                self._both_refuse(*self._send(None, flag, [0]))
+        finally:
+            self.consumer.close()
+            self.producer.close(linger=0.0)
 
     @invariant()
     def the_same_results(self):
