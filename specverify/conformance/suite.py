@@ -60,7 +60,7 @@ def _numel(value) -> int:
     return 1
 
 
-def show_sample(sample: SampleInput, limit: int = 64) -> str:
+def show_sample(sample: SampleInput, limit: int = 128) -> str:
     """The sample's summary and, for tensors of at most `limit` elements, their values."""
     parts = [sample.summary()]
     for key, value in sample.args.items():
@@ -97,6 +97,62 @@ def _cases(impl, missing: str = "skip"):
 
 def _smallest(found):
     return min(found, key=lambda item: (_numel(item[1].args), item[0]))
+
+
+MAX_SHRINK_ROWS = 64        # rows tried when shrinking a counterexample to one row
+
+
+def _batch_rows(value, rows=None):
+    """The common first dimension of every tensor in an argument tree (None when they disagree)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            return rows
+        return value.shape[0] if rows in (None, value.shape[0]) else -1
+    if isinstance(value, dict):
+        for v in value.values():
+            rows = _batch_rows(v, rows)
+        return rows
+    return rows
+
+
+def _row_of(value, r: int):
+    if isinstance(value, torch.Tensor):
+        return value[r:r + 1] if value.dim() else value
+    if isinstance(value, dict):
+        return {k: _row_of(v, r) for k, v in value.items()}
+    return value
+
+
+def one_row(sample: SampleInput, shows) -> SampleInput | None:
+    """The first single-row slice of `sample` (every tensor cut to row r of its first dimension,
+    where all tensors share that dimension) on which `shows(slice)` is still true: a smaller
+    counterexample. None when the sample has no common batch dimension, no row shows it, or a
+    slice is not a valid input (it raises)."""
+    rows = _batch_rows(sample.args)
+    if rows is None or rows < 2:
+        return None
+    for r in range(min(rows, MAX_SHRINK_ROWS)):
+        cut = SampleInput(f"{sample.name}[row {r}]", _row_of(sample.args, r), sample.seed)
+        try:
+            if shows(cut):
+                return cut
+        except Exception:                      # a slice the op or the reference refuses: keep the whole sample
+            return None
+    return None
+
+
+def _mismatch(op, got, want, tol) -> bool:
+    try:
+        compare_outputs(op, got, want, op.name, tol)
+    except AssertionError:
+        return True
+    return False
+
+
+def _shown(sample: SampleInput, row: SampleInput | None) -> str:
+    if row is None:
+        return show_sample(sample)
+    return f"{show_sample(row)}\n  (one row of {sample.name}, which fails as a whole too)"
 
 
 def _differential(impl):
@@ -155,16 +211,23 @@ def _differential(impl):
             hint = [label for label, alt in C.alternatives(op, conv)
                     if _matches(op, got, lambda alt=alt: alt(sample), tol)]
             replay = replay_command(node, sample)
+            row = one_row(sample, lambda cut: _mismatch(op, run_impl(op, cut, profile, impl, conv["outputs"]),
+                                                         ref(cut), tol)) if got is not None else None
             _record(request, **base, verdict="fails", samples=len(samples), failing=[s.name for _, s, _, _ in fails],
-                    counterexample=show_sample(sample), error=err, replay=replay, matches=hint)
+                    sample=sample.name, counterexample=_shown(sample, row), error=err, replay=replay, matches=hint)
             also = f"\nits outputs match the reference under: {'; '.join(hint)} (declare it)" if hint else ""
             raise AssertionError(f"{len(fails)} of {len(samples)} samples fail; the smallest:\n{err}\n"
-                                 f"sample {i}: {show_sample(sample)}{also}\nreplay: {replay}") from None
+                                 f"sample {i}: {_shown(sample, row)}{also}\nreplay: {replay}") from None
         if witnesses:
             i, sample, err = _smallest(witnesses)
+
+            def differs(cut):
+                got_cut = run_impl(op, cut, profile, impl, conv["outputs"])
+                return not _mismatch(op, got_cut, ref(cut), tol) and _mismatch(op, got_cut, op.ref(cut), tol)
             _record(request, **base, verdict="differs", samples=len(samples),
                     differences=[C.describe(k, v) for k, v in named],
-                    witnesses=[s.name for _, s, _ in witnesses], counterexample=show_sample(sample),
+                    witnesses=[s.name for _, s, _ in witnesses], sample=sample.name,
+                    counterexample=_shown(sample, one_row(sample, differs)),
                     error=err, replay=replay_command(node, sample))
         else:
             _record(request, **base, verdict="conforms", samples=len(samples),

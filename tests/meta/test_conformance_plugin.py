@@ -97,9 +97,11 @@ def test_a_planted_bug_fails_with_its_counterexample_and_replay(tmp_path, impl, 
     assert proc.returncode == 1, out[-3000:]
     [row] = _rows(data, test="differential", op=op)
     assert row["verdict"] == "fails" and row["failing"] and row["counterexample"] and row["replay"], row
+    # the counterexample is cut down to the first row of the smallest failing sample that still fails
+    assert f"{row['sample']}[row " in row["counterexample"] and f"(one row of {row['sample']}" in row["counterexample"]
     # The replay command re-runs exactly the smallest failing sample, and fails again.
     replay = shlex.split(row["replay"])
-    assert replay[:3] == ["python", "-m", "pytest"] and f"--sv-sample={row['counterexample'].split('(')[0]}" in replay
+    assert replay[:3] == ["python", "-m", "pytest"] and f"--sv-sample={row['sample']}" in replay
     again = subprocess.run([sys.executable, *replay[1:], "-p", "specverify.conformance.plugin", "-p", "no:cacheprovider",
                             "-q", "-s"], cwd=tmp_path, capture_output=True, text=True, encoding="utf-8", timeout=300,
                            env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
