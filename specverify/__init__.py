@@ -1,6 +1,6 @@
 """specverify: an optimized speculative decoder and the suite that holds it against a reference.
 
-Public entry points: `build_models`, `generate`, `get_profile`.
+Public entry points: `build_models`, `generate`, `Engine`, `get_profile`.
 
 The names are resolved on first use (PEP 562), so that importing a submodule alone -- the
 conformance plugin, which pytest loads in every session of an environment where specverify is
@@ -11,11 +11,11 @@ import importlib
 
 _PUBLIC = {
     "GenerationOutput": "specverify.engine", "SamplingParams": "specverify.engine", "SpecConfig": "specverify.engine",
-    "TokenLogprob": "specverify.engine", "generate": "specverify.engine",
+    "TokenLogprob": "specverify.engine", "generate": "specverify.engine", "Engine": "specverify.engine",
     "Models": "specverify.models", "build_models": "specverify.models",
     "PlatformProfile": "specverify.platform", "get_profile": "specverify.platform",
 }
-__all__ = ["build_models", "generate", "get_profile", "SpecConfig", "Models", "GenerationOutput", "TokenLogprob",
+__all__ = ["build_models", "generate", "Engine", "get_profile", "SpecConfig", "Models", "GenerationOutput", "TokenLogprob",
            "SamplingParams", "PlatformProfile"]
 __version__ = "0.1.0"
 

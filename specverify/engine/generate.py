@@ -1,21 +1,17 @@
 """`generate`: the public entry of the optimized decoder. It checks every argument up front, then
-hands the requests to the decoder the call asks for: `target_only.py` (spec=None) or
-`speculative.py` (spec=SpecConfig(...)). Both keep their requests on the device and read one
-packed result back per step.
+runs the requests through the scheduler (`serving.Engine`) over the decoder the call asks for:
+`target_only.py` (spec=None) or `speculative.py` (spec=SpecConfig(...)). Both keep their
+requests on the device and read one packed result back per step.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from specverify.engine.logprobs import LogprobChannel
-from specverify.engine.requests import GenerationOutput, check_prompts, new_requests
-from specverify.engine.sampling import SamplingParams
-from specverify.engine.spec_config import SpecConfig
-from specverify.engine.speculative import generate_speculative
-from specverify.engine.target_only import generate_target_only
-from specverify.models import ModelConfig
-from specverify.platform import PlatformProfile, check_fp8_format, resolve
+from specverify.engine.arguments import check_generate_args, check_spec_fit
+from specverify.engine.requests import GenerationOutput, check_prompts, pages_needed
+from specverify.engine.serving import Engine
+from specverify.engine.spec_config import cache_entries
 from specverify.validation import check_int
 
 
@@ -23,7 +19,8 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              seed: int = 0, eos_token_id: int | None = None, logprobs: int = 0,
              page_size: int = 1, platform=None, trace: bool = False, repetition_penalty: float = 1.0,
-             frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> GenerationOutput:
+             frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+             max_running: int | None = None) -> GenerationOutput:
     """Decode `prompts` with the optimized decoder.
 
     spec=None: cached target-only decoding (greedy when temperature == 0, else seeded sampling
@@ -36,6 +33,10 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
     repetition_penalty (1 = off), frequency_penalty and presence_penalty (0 = off): the sampling
     penalties of docs/semantics.md section 7, greedy included, for both algorithms (speculative
     decoding stays lossless); logprobs still report the raw distribution.
+    max_running=N (default: every prompt at once; <= 256 on CUDA, the largest graph bucket): at most N requests decode at a time,
+    and the next one (in prompt order) is admitted as soon as one finishes (docs/semantics.md
+    section 9). The output is the same for every N: a request's uniforms are keyed by its index
+    in `prompts`, and it finds nothing of the requests that used its row before.
     """
     if not isinstance(trace, bool):
         raise TypeError(f"trace must be a bool, got {type(trace).__name__} {trace!r}")
@@ -44,62 +45,20 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
     cfg = check_generate_args(models, spec=spec, seed=seed, logprobs=logprobs, eos_token_id=eos_token_id,
                               page_size=page_size, platform=platform)
     budgets = check_prompts(prompts, max_new_tokens, cfg.vocab_size, cfg.max_context)
-    params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty)
-    # numpy integers pass the checks; compute with Python ints (no fixed-width overflow).
-    seed, logprobs = int(seed), int(logprobs)
-    eos_token_id = None if eos_token_id is None else int(eos_token_id)
-    reqs = new_requests(prompts, budgets)
-    if spec is None:
-        channel = LogprobChannel(len(reqs), logprobs, max_rows=1) if logprobs else None
-        generate_target_only(models, reqs, params, seed=seed, eos_token_id=eos_token_id, channel=channel,
-                             page_size=page_size, platform=platform)
-        return GenerationOutput([r.output for r in reqs], logprobs_out(channel))
-    check_spec_fit(cfg, spec, prompts, budgets)
-    channel = LogprobChannel(len(reqs), logprobs, max_rows=spec.num_steps + 1) if logprobs else None
-    traces = generate_speculative(models, reqs, spec, params, seed=seed, eos_token_id=eos_token_id,
-                                  channel=channel, platform=platform, trace=trace)
-    return GenerationOutput([r.output for r in reqs], logprobs_out(channel), [r.accept_lengths for r in reqs],
-                            trace=traces)
-
-
-def check_spec_fit(cfg: ModelConfig, spec: SpecConfig, prompts, budgets: list[int]) -> None:
-    """A speculative decode needs topk distinct draft tokens and room for a cycle's draft region."""
-    if spec.topk > cfg.vocab_size:
-        raise ValueError(f"spec.topk {spec.topk} exceeds the vocabulary size {cfg.vocab_size} "
-                         f"(the draft picks topk distinct tokens per step)")
-    region = max(spec.draft_tokens, spec.draft_reach)     # what SpecDecoder.request_length reserves
-    for i, (p, n) in enumerate(zip(prompts, budgets)):
-        if len(p) + n + region + 1 > cfg.max_context:
-            raise ValueError(f"prompts[{i}]: prompt length {len(p)} + max_new_tokens {n} + draft region "
-                             f"{region + 1} exceeds max_context {cfg.max_context}")
-
-
-MAX_SEED = 2**32 - 1    # the counter uniforms take 32-bit seeds (docs/semantics.md section 4)
-
-
-def check_generate_args(models, *, spec, seed, logprobs, eos_token_id, page_size, platform):
-    """The non-prompt arguments of `generate`, checked up front; returns the model config."""
-    cfg = getattr(models, "config", None)
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"models must be the Models that build_models returns, got {type(models).__name__}")
-    if spec is not None and not isinstance(spec, SpecConfig):
-        raise TypeError(f"spec must be None or a SpecConfig, got {type(spec).__name__} {spec!r} "
-                        f"(build one: SpecConfig(num_steps=3, topk=2, num_draft_tokens=6))")
-    check_int("seed", seed, 0, MAX_SEED)
-    check_int("logprobs", logprobs, 0, cfg.vocab_size, why="top alternatives per token, 0 = off")
-    if eos_token_id is not None:
-        check_int("eos_token_id", eos_token_id)
-        if not 0 <= eos_token_id < cfg.vocab_size:
-            raise ValueError(f"eos_token_id {eos_token_id} is outside [0, {cfg.vocab_size}) (a token id of the vocabulary)")
-    check_int("page_size", page_size, 1)
-    if platform is not None and not isinstance(platform, (PlatformProfile, str)):
-        raise TypeError(f"platform must be None, a profile name or a PlatformProfile, got {type(platform).__name__}")
-    profile = resolve(platform)   # an unknown name is a ValueError here, on every path
-    if platform is not None:
-        check_fp8_format("models: logits dtype", cfg.logits_dtype, profile)
-    return cfg
-
-
-def logprobs_out(channel: LogprobChannel | None) -> list[list[TokenLogprob]] | None:
-    """What the output processor assembled from the message stream (None without logprobs)."""
-    return None if channel is None else [res.logprobs for res in channel.close()]
+    if spec is not None:
+        check_spec_fit(cfg, spec, prompts, budgets)
+    running = len(prompts) if max_running is None else check_int("max_running", max_running, 1,
+                                                                 why="requests decoded at once")
+    running = min(running, len(prompts))
+    # A pool for the `running` longest runs: admission never waits for pages.
+    lengths = sorted(cache_entries(spec, len(p), n) for p, n in zip(prompts, budgets))
+    page = page_size if spec is None else spec.page_size
+    engine = Engine(models, spec=spec, max_running=running, num_pages=pages_needed(lengths[-running:], page),
+                    temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                    eos_token_id=eos_token_id, logprobs=logprobs, page_size=page_size, platform=platform,
+                    trace=trace, repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                    presence_penalty=presence_penalty, max_requests=len(prompts))
+    for p, n in zip(prompts, budgets):
+        engine.add_request(p, n)
+    engine.run()
+    return engine.close()

@@ -41,12 +41,22 @@ def logprob_rows(logits: torch.Tensor, scale: torch.Tensor, tokens: torch.Tensor
 class LogprobChannel:
     """Engine side of the stream: one target-token message per decoding step."""
 
-    def __init__(self, num_requests: int, num_logprobs: int, max_rows: int):
-        self.capacity = Capacity(max_bsz=max(512, num_requests), k=max(20, num_logprobs),
+    def __init__(self, num_requests: int, num_logprobs: int, max_rows: int, max_requests: int = 0):
+        """num_requests now; the stream's slots (one per request index) may grow to
+        max(512, num_requests, max_requests) with `add_request`."""
+        self.capacity = Capacity(max_bsz=max(512, num_requests, max_requests), k=max(20, num_logprobs),
                                  max_draft_tokens=max(6, max_rows))
         self.writer = MessageWriter(self.capacity)
         self.processor = OutputProcessor(num_requests)
         self.num_requests, self.n, self.max_rows = num_requests, num_logprobs, max_rows
+
+    def add_request(self) -> None:
+        """One more request joins the stream; it takes the next slot (its request index)."""
+        if self.num_requests >= self.capacity.max_bsz:
+            raise ValueError(f"the logprob stream carries at most {self.capacity.max_bsz} requests "
+                             f"(max_requests); request {self.num_requests} does not fit")
+        self.processor.add_request()
+        self.num_requests += 1
 
     def send(self, req_indices: list[int], rows_per_request: list[int], logits: torch.Tensor,
              scale: torch.Tensor, tokens: torch.Tensor) -> None:

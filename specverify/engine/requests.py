@@ -31,7 +31,7 @@ class CycleTrace:
     emitted: list[int]          # tokens emitted this cycle, after the EOS / max_new_tokens cut
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)     # a request is itself: compared (and removed from lists) by identity
 class Request:
     index: int                  # position in the prompt list (keys its uniforms)
     prompt: list[int]
@@ -39,7 +39,8 @@ class Request:
     row: int = -1               # slot-table row while running
     cached: int = 0             # tokens whose K/V are in the cache
     output: list[int] = dataclasses.field(default_factory=list)
-    finished: bool = False
+    finished: bool = False      # ended: stopped by EOS / max_new_tokens, or aborted
+    aborted: bool = False
     accept_lengths: list[int] = dataclasses.field(default_factory=list)   # speculative only
 
     @property
@@ -47,27 +48,37 @@ class Request:
         return self.output[-1]
 
 
+def prompt_label(i: int) -> str:
+    return f"prompts[{i}]"
+
+
+def budget_label(i: int) -> str:
+    return f"max_new_tokens[{i}]"
+
+
 def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens, vocab_size: int,
-                  max_context: int) -> list[int]:
+                  max_context: int, label=prompt_label, budget=budget_label) -> list[int]:
     """Validate prompts and per-request budgets; return max_new_tokens as a list.
 
     TypeError for a wrong type (a flat list of ids, a float / bool / str token id or budget),
-    ValueError for a value out of its bound; both name the argument and the bound."""
+    ValueError for a value out of its bound; both name the argument and the bound (label(i) and
+    budget(i) name prompt i and its budget: `Engine.add_request` calls them "prompt" and
+    "max_new_tokens")."""
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
     if len(prompts) == 0:
         raise ValueError("prompts must be a non-empty list of token-id lists, got an empty list")
     for i, p in enumerate(prompts):
         if not isinstance(p, (list, tuple)):
-            hint = " (a flat list of ids? wrap one prompt as [[1, 2, 3]])" if is_int(p) else ""
-            raise TypeError(f"prompts[{i}] must be a list of token ids, got {type(p).__name__} {p!r}{hint}")
+            hint = " (a flat list of ids? wrap one prompt as [[1, 2, 3]])" if is_int(p) and label is prompt_label else ""
+            raise TypeError(f"{label(i)} must be a list of token ids, got {type(p).__name__} {p!r}{hint}")
         if len(p) == 0:
-            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token")
+            raise ValueError(f"{label(i)} is empty; every prompt needs at least one token")
         for j, t in enumerate(p):
             if not is_int(t):
-                raise TypeError(f"prompts[{i}][{j}] must be an int token id, got {type(t).__name__} {t!r}")
+                raise TypeError(f"{label(i)}[{j}] must be an int token id, got {type(t).__name__} {t!r}")
             if not 0 <= t < vocab_size:
-                raise ValueError(f"prompts[{i}] has token id {t} outside [0, {vocab_size})")
+                raise ValueError(f"{label(i)} has token id {t} outside [0, {vocab_size})")
     if isinstance(max_new_tokens, (list, tuple)):
         budgets = list(max_new_tokens)
         if len(budgets) != len(prompts):
@@ -78,9 +89,9 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens, vocab_size: 
         raise TypeError(f"max_new_tokens must be an int or a list of ints (one per prompt), "
                         f"got {type(max_new_tokens).__name__} {max_new_tokens!r}")
     for i, (p, n) in enumerate(zip(prompts, budgets)):
-        n = check_int(f"max_new_tokens[{i}]", n, 1)
+        n = check_int(budget(i), n, 1)
         if len(p) + n > max_context:
-            raise ValueError(f"prompts[{i}]: prompt length {len(p)} + max_new_tokens {n} exceeds "
+            raise ValueError(f"{label(i)}: prompt length {len(p)} + max_new_tokens {n} exceeds "
                              f"max_context {max_context}")
     return [int(n) for n in budgets]
 

@@ -80,3 +80,12 @@ class SpecConfig:
         if self.algorithm == "dflash":
             return self.num_steps
         return (self.num_steps - 1) * self.topk
+
+
+def cache_entries(spec: SpecConfig | None, prompt_len: int, max_new_tokens: int) -> int:
+    """Cache entries a request can ever need, its pages capped there: its prompt and output, and
+    with speculation the region a cycle writes past them (the verify's D nodes or the draft's
+    reach) plus the pending token."""
+    if spec is None:
+        return prompt_len + max_new_tokens
+    return prompt_len + max_new_tokens + max(spec.draft_tokens, spec.draft_reach) + 1

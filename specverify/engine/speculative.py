@@ -21,10 +21,9 @@ from specverify.engine.naive_cycle import NaiveCycle, NaiveState
 from specverify.engine.prefill import prefill
 from specverify.engine.requests import CycleTrace, Request
 from specverify.engine.sampling import SamplingParams
-from specverify.engine.spec_config import SpecConfig
+from specverify.engine.spec_config import SpecConfig, cache_entries
 from specverify.models import Models
 from specverify.platform import PlatformProfile
-from specverify.protocol.message import PREEMPTED
 
 DEBUG_CHECKS_ENV = "SPECVERIFY_DEBUG_CHECKS"    # "1": value checks of the tree / verify kernels every cycle
 
@@ -50,7 +49,6 @@ def check_draft_models(models: Models, config: SpecConfig) -> None:
 class SpecDecoder(DeviceDecoder):
     """Runs speculative cycles over a batch of requests; requests may finish or be aborted."""
 
-    traces: list[list[CycleTrace]] | None = None   # per request index; set to record (trace=True)
     with_draft = True
 
     def __init__(self, models: Models, config: SpecConfig, params: SamplingParams, *, seed: int,
@@ -85,7 +83,7 @@ class SpecDecoder(DeviceDecoder):
             self.use_graphs = False            # the unfused form reads the device back mid-cycle
 
     def request_length(self, r: Request) -> int:
-        return len(r.prompt) + r.max_new_tokens + max(self.D, self.config.draft_reach) + 1
+        return cache_entries(self.config, len(r.prompt), r.max_new_tokens)
 
     def new_state(self, rows: int) -> EagleState | NaiveState:
         if self.naive:
@@ -96,8 +94,12 @@ class SpecDecoder(DeviceDecoder):
     def step_fn(self, inp: dict) -> dict:
         return self.cycle(inp)
 
-    def prefill(self, reqs: list[Request]) -> None:
-        # The cycle over this start's cache and state (the runner calls it through step_fn).
+    @property
+    def request_state(self):
+        return self.state.requests
+
+    def setup(self) -> None:
+        # The cycle over the opened cache and state (the runner calls it through step_fn).
         if self.naive:
             self.cycle = NaiveCycle(self.models, self.cache, self.state, self.config, self.params, seed=self.seed,
                                     eos_token_id=self.eos, profile=self.profile,
@@ -107,6 +109,15 @@ class SpecDecoder(DeviceDecoder):
             self.cycle = cycle(self.models, self.cache, self.state, self.config, self.params, seed=self.seed,
                                eos_token_id=self.eos, profile=self.profile,
                                with_logits=self.channel is not None, checked=self.debug_checks)
+
+    def prepare_rows(self, reqs: list[Request]) -> None:
+        # A prompt shorter than the tracking interval tracks nothing at its prefill: its tracking
+        # slots must read zeros, not the previous owner's tracked state.
+        if self.config.state_track_interval is not None:
+            rows = torch.tensor([r.row for r in reqs], dtype=torch.int64).to(self.dev)
+            self.cache.states.clear_tracking(rows)
+
+    def prefill(self, reqs: list[Request]) -> None:
         out, batch, first, finished = prefill(self.models, self.cache, self.state.requests, reqs, self.params,
                                               seed=self.seed, eos_token_id=self.eos, channel=self.channel,
                                               track_interval=self.config.state_track_interval)
@@ -122,15 +133,6 @@ class SpecDecoder(DeviceDecoder):
         else:
             self.cycle.draft(*draft_args)
         self.take_first_tokens(reqs, first, finished)
-
-    def abort(self, r: Request) -> None:
-        """Stop a request now; its pages go back to the pool at once, and the logprob stream
-        reports it preempted."""
-        if not r.finished:
-            self.state.requests.finished[r.row] = True
-            self.finish(r)
-            if self.channel is not None:
-                self.channel.signal(r.index, PREEMPTED)
 
     # -- one cycle -------------------------------------------------------------------------------
     def step(self) -> None:
@@ -164,18 +166,3 @@ class SpecDecoder(DeviceDecoder):
         j = torch.cat([torch.arange(n) for n in taken]).to(self.dev)
         tokens = torch.tensor([t for lane, n in zip(lanes, taken) for t in lane[:n]], device=self.dev)
         self.channel.send([r.index for r in reqs], taken, out["logits"][b, j], out["scale"][b, j], tokens)
-
-
-def generate_speculative(models: Models, reqs: list[Request], spec: SpecConfig, params: SamplingParams, *,
-                         seed: int, eos_token_id, channel: LogprobChannel | None, platform=None,
-                         trace: bool = False) -> list[list[CycleTrace]] | None:
-    """Speculative decoding of `reqs` (outputs and accept lengths land on the requests); returns
-    the per-request traces when `trace`."""
-    decoder = SpecDecoder(models, spec, params, seed=seed, eos_token_id=eos_token_id, channel=channel,
-                          platform=platform)
-    if trace:
-        decoder.traces = [[] for _ in reqs]
-    decoder.start(reqs)
-    while decoder.running():
-        decoder.step()
-    return decoder.traces

@@ -19,6 +19,7 @@ from specverify.engine.logprobs import LogprobChannel
 from specverify.engine.prefill import prefill
 from specverify.engine.requests import Request
 from specverify.engine.sampling import SamplingParams, choose_tokens
+from specverify.engine.spec_config import cache_entries
 from specverify.engine.uniforms import counter_uniforms
 from specverify.models import Models
 
@@ -35,7 +36,7 @@ class TargetOnlyDecoder(DeviceDecoder):
                          platform=platform, cuda_graph=cuda_graph, pad_batches=pad_batches)
 
     def request_length(self, r: Request) -> int:
-        return len(r.prompt) + r.max_new_tokens
+        return cache_entries(None, len(r.prompt), r.max_new_tokens)
 
     def new_state(self, rows: int) -> RequestState:
         return RequestState.empty(rows, self.dev)
@@ -83,13 +84,3 @@ class TargetOnlyDecoder(DeviceDecoder):
         if self.channel is not None:
             out_dict.update(logits=logits, scale=scale, tokens=token)
         return out_dict
-
-
-def generate_target_only(models: Models, reqs: list[Request], params: SamplingParams, *, seed: int,
-                         eos_token_id: int | None, channel: LogprobChannel | None, page_size: int,
-                         platform=None) -> None:
-    decoder = TargetOnlyDecoder(models, params, seed=seed, eos_token_id=eos_token_id, channel=channel,
-                                page_size=page_size, platform=platform)
-    decoder.start(reqs)
-    while decoder.running():
-        decoder.step()

@@ -67,6 +67,14 @@ class SlotTable:
     def num_free_pages(self) -> int:
         return len(self._free_pages)
 
+    @property
+    def num_free_rows(self) -> int:
+        return len(self._free_rows)
+
+    def pages_of(self, row: int) -> list[int]:
+        """The pages `row` owns, in cache-index order (a copy)."""
+        return list(self._pages[row])
+
     def alloc_row(self) -> int:
         if not self._free_rows:
             raise CacheFullError("no free request row left in the slot table")
@@ -146,7 +154,7 @@ class StateBuffers:
     def tracking_slot(self, rows: torch.Tensor) -> torch.Tensor:
         return rows + self.max_requests
 
-    def reset(self, rows: torch.Tensor) -> None:
+    def clear_tracking(self, rows: torch.Tensor) -> None:
+        """Zero the tracking slots of `rows` [n] int64 (a new owner tracks nothing yet)."""
         for buf in (self.stacked, self.conv_stacked):
-            buf[:, rows] = 0
             buf[:, self.tracking_slot(rows)] = 0

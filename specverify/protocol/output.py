@@ -55,6 +55,11 @@ class OutputProcessor:
         self.finished = False
         self._steps: list[int] = [0] * num_requests     # target steps with tokens, per request
 
+    def add_request(self) -> None:
+        """A request joins the stream: the next slot is its own from now on."""
+        self.results.append(RequestResult())
+        self._steps.append(0)
+
     def process(self, msg: Message) -> None:
         if self.finished:
             raise StreamError(f"message {msg.msg_id} arrived after the stream ended")

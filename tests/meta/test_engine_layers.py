@@ -1,5 +1,5 @@
 """The engine reads top-down (issue 9 item 6): `engine/generate.py` checks arguments and
-dispatches; nothing below it imports it back, and no module hides an import inside a function to
+hands the requests to the scheduler (`engine/serving.py`), which drives either decoder; nothing below it imports it back, and no module hides an import inside a function to
 break a cycle. Checked on the source, so a new cycle fails here before it fails at import time."""
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def test_engine_modules_import_at_the_top_only():
         assert not engine_nested, f"{path.name} imports {engine_nested} inside a function (a hidden import cycle?)"
 
 
-def test_the_dispatcher_reaches_both_decoders():
+def test_the_dispatcher_reaches_both_decoders_through_the_scheduler():
     top, _ = _imports(ENGINE / "generate.py")
+    assert "specverify.engine.serving" in top
+    top, _ = _imports(ENGINE / "serving.py")
     assert {"specverify.engine.speculative", "specverify.engine.target_only"} <= top
