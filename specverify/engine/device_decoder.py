@@ -5,7 +5,7 @@ A decoder keeps its requests on the device (`device_state.RequestState` and what
 and runs each step as one tensor function of the running rows (`step_fn`). What the host does
 around it is the same for target-only and speculative decoding, and lives here:
 
-- `open`: the shared resources, sized once: `max_running` rows plus a pad row that owns no page
+- `allocate`: the shared resources, sized once: `max_running` rows plus a pad row that owns no page
   (padded lanes write only the sink), a page pool, the device state, the runner;
 - `admit`: newcomers at a cycle boundary take free rows and their prompt's pages (plus what a
   step may write), the subclass's prefill runs them, and they join the running lanes. Admission
@@ -76,7 +76,7 @@ class DeviceDecoder:
         raise NotImplementedError
 
     # -- set-up ----------------------------------------------------------------------------------
-    def open(self, *, max_running: int, num_pages: int) -> None:
+    def allocate(self, *, max_running: int, num_pages: int) -> None:
         """The resources every request shares, sized once: `max_running` slot-table rows (plus the
         pad row, which owns no page: padded lanes write the sink), a pool of `num_pages` pages (page
         0 reserved), the device state and the runner. Requests join with `admit`."""
@@ -99,7 +99,7 @@ class DeviceDecoder:
 
     def start(self, reqs: list[Request]) -> None:
         """All of `reqs` at once: resources sized for exactly them, then one admission."""
-        self.open(max_running=len(reqs),
+        self.allocate(max_running=len(reqs),
                   num_pages=pages_needed([self.request_length(r) for r in reqs], self.page_size))
         self.admit(reqs)
 

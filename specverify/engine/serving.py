@@ -17,6 +17,7 @@ decoded alone (greedy and sampled alike).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from specverify.engine.arguments import check_generate_args, check_spec_fit
@@ -49,7 +50,8 @@ class Engine:
     default: room for max_running requests of max_context each, so admission never waits for
     pages. A request whose own run needs more pages than the pool has is refused by add_request.
     max_requests: with logprobs, the stream's request slots (default 512). The other arguments
-    are `generate`'s; pad_batches runs the padded (bucket) path on the CPU (None: on CUDA only).
+    are `generate`'s; pad_batches runs the padded (bucket) path on the CPU (None: on CUDA only);
+    cuda_graph=False runs the padded steps eagerly on CUDA (what a captured run must equal).
     """
 
     def __init__(self, models, *, spec=None, max_running: int, num_pages: int | None = None,
@@ -57,13 +59,15 @@ class Engine:
                  seed: int = 0, eos_token_id: int | None = None, logprobs: int = 0, page_size: int = 1,
                  platform=None, trace: bool = False, repetition_penalty: float = 1.0,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, max_requests: int = 0,
-                 pad_batches: bool | None = None):
+                 pad_batches: bool | None = None, cuda_graph: bool = True):
         if not isinstance(trace, bool):
             raise TypeError(f"trace must be a bool, got {type(trace).__name__} {trace!r}")
         if trace and spec is None:
             raise ValueError("trace=True records speculative cycles; it needs spec=SpecConfig(...)")
         if pad_batches is not None and not isinstance(pad_batches, bool):
             raise TypeError(f"pad_batches must be None or a bool, got {type(pad_batches).__name__}")
+        if not isinstance(cuda_graph, bool):
+            raise TypeError(f"cuda_graph must be a bool, got {type(cuda_graph).__name__}")
         self.config = check_generate_args(models, spec=spec, seed=seed, logprobs=logprobs,
                                           eos_token_id=eos_token_id, page_size=page_size, platform=platform)
         self.max_running = check_int("max_running", max_running, 1, why="requests decoded at once")
@@ -81,8 +85,11 @@ class Engine:
         self.channel = LogprobChannel(0, logprobs, max_rows=rows, max_requests=max_requests) if logprobs else None
         if spec is None:
             self.decoder = TargetOnlyDecoder(models, params, seed=seed, eos_token_id=eos, channel=self.channel,
-                                             page_size=page, platform=platform, pad_batches=pad_batches)
+                                             page_size=page, platform=platform, pad_batches=pad_batches,
+                                             cuda_graph=cuda_graph)
         else:
+            if not cuda_graph:
+                spec = dataclasses.replace(spec, cuda_graph=False)
             self.decoder = SpecDecoder(models, spec, params, seed=seed, eos_token_id=eos, channel=self.channel,
                                        platform=platform, pad_batches=pad_batches)
             if trace:
@@ -90,7 +97,7 @@ class Engine:
         if self.decoder.pad_batches and self.max_running > MAX_RUNNING:
             raise ValueError(f"max_running must be <= {MAX_RUNNING} (the largest CUDA-graph bucket) where steps "
                              f"run at bucket shapes, got {self.max_running}")
-        self.decoder.open(max_running=self.max_running, num_pages=self.num_pages)
+        self.decoder.allocate(max_running=self.max_running, num_pages=self.num_pages)
         self.requests: list[Request] = []
         self.waiting: list[Request] = []
 

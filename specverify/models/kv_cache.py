@@ -71,9 +71,13 @@ class SlotTable:
     def num_free_rows(self) -> int:
         return len(self._free_rows)
 
-    def pages_of(self, row: int) -> list[int]:
-        """The pages `row` owns, in cache-index order (a copy)."""
-        return list(self._pages[row])
+    def owners(self) -> dict[int, list[int]]:
+        """Every allocated row and the pages it owns, in cache-index order (copies)."""
+        return {row: list(pages) for row, pages in self._pages.items()}
+
+    def free_page_ids(self) -> list[int]:
+        """The pages in the free pool (a copy; the next one handed out last)."""
+        return list(self._free_pages)
 
     def alloc_row(self) -> int:
         if not self._free_rows:
