@@ -15,7 +15,7 @@ OUT_DIR="${OUT:-benchmarks/results}"
 mkdir -p "$OUT_DIR"
 
 status=0
-for script in bench_draft_select bench_device_cycle bench_naive_eagle bench_state_scatter bench_hybrid; do
+for script in bench_draft_select bench_device_cycle bench_naive_eagle bench_state_scatter bench_hybrid bench_serving; do
     echo "== $script"
     if ! "$PYTHON" "benchmarks/$script.py" --out "$OUT_DIR" "$@"; then
         echo "== $script exited non-zero" >&2

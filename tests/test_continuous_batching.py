@@ -1,4 +1,4 @@
-"""Continuous batching (issue 23; docs/semantics.md section 9): requests join and leave a running
+"""Continuous batching (issue 23; docs/semantics.md section 8): requests join and leave a running
 `Engine` at chosen cycle boundaries, and every request decodes as if it were alone.
 
 For each case (algorithm x dense / hybrid model x sampling, with page sizes 1 and 4, FP8 and

@@ -15,7 +15,7 @@ around it is the same for target-only and speculative decoding, and lives here:
   the next step's pages in bulk while the device runs this one (queued edits, one transfer), copy
   the packed result back once;
 - `finish` / `abort`: a finished or aborted request gives its row, pages and promise back; the
-  next request to take the row finds nothing of it (docs/semantics.md section 9).
+  next request to take the row finds nothing of it (docs/semantics.md section 8).
 
 `start(reqs)` is the all-at-once form: resources for exactly `reqs`, one admission. The
 scheduler (`engine/serving.py`) opens once and admits as rows and pages free up.

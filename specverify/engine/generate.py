@@ -10,7 +10,7 @@ from typing import Sequence
 
 from specverify.engine.arguments import check_generate_args, check_spec_fit
 from specverify.engine.requests import GenerationOutput, check_prompts, pages_needed
-from specverify.engine.serving import Engine
+from specverify.engine.serving import MAX_RUNNING, Engine
 from specverify.engine.spec_config import cache_entries
 from specverify.validation import check_int
 
@@ -33,9 +33,9 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
     repetition_penalty (1 = off), frequency_penalty and presence_penalty (0 = off): the sampling
     penalties of docs/semantics.md section 7, greedy included, for both algorithms (speculative
     decoding stays lossless); logprobs still report the raw distribution.
-    max_running=N (default: every prompt at once; <= 256 on CUDA, the largest graph bucket): at most N requests decode at a time,
-    and the next one (in prompt order) is admitted as soon as one finishes (docs/semantics.md
-    section 9). The output is the same for every N: a request's uniforms are keyed by its index
+    max_running=N (default: every prompt at once; on CUDA at most 256, the largest graph bucket): at
+    most N requests decode at a time, and the next one (in prompt order) is admitted as soon as
+    one finishes (docs/semantics.md section 8). The output is the same for every N: a request's uniforms are keyed by its index
     in `prompts`, and it finds nothing of the requests that used its row before.
     """
     if not isinstance(trace, bool):
@@ -47,9 +47,12 @@ def generate(models: Models, prompts: Sequence[Sequence[int]], *, spec=None, max
     budgets = check_prompts(prompts, max_new_tokens, cfg.vocab_size, cfg.max_context)
     if spec is not None:
         check_spec_fit(cfg, spec, prompts, budgets)
-    running = len(prompts) if max_running is None else check_int("max_running", max_running, 1,
-                                                                 why="requests decoded at once")
-    running = min(running, len(prompts))
+    if max_running is None:
+        # Every prompt at once, where the steps run at live shapes; on CUDA at most the largest
+        # graph bucket (the output is the same for every max_running).
+        running = len(prompts) if models.device.type != "cuda" else min(len(prompts), MAX_RUNNING)
+    else:
+        running = min(check_int("max_running", max_running, 1, why="requests decoded at once"), len(prompts))
     # A pool for the `running` longest runs: admission never waits for pages.
     lengths = sorted(cache_entries(spec, len(p), n) for p, n in zip(prompts, budgets))
     page = page_size if spec is None else spec.page_size

@@ -7,7 +7,7 @@ running requests were promised, so a running request never meets an empty pool. 
 prefill runs, then they join the captured cycle (or step) in free lanes of the current bucket,
 or the bucket grows. A finished or aborted request gives its row, pages, state and tracking
 slots and penalty counts back at once, and the next request to take them finds nothing of its
-predecessor (docs/semantics.md section 9). A request's uniforms are keyed by its index in the
+predecessor (docs/semantics.md section 8). A request's uniforms are keyed by its index in the
 submission order, so every request's tokens, logprobs and trace equal those of the same request
 decoded alone (greedy and sampled alike).
 

@@ -1,5 +1,5 @@
 """Arrival / abort schedules for the continuous-batching engine, and the checks every schedule ends
-with (issue 23; docs/semantics.md section 9).
+with (issue 23; docs/semantics.md section 8).
 
 A `Schedule` says, for each request of a fixed pool (submitted in pool order, so request i is
 the pool's i-th and its uniforms are keyed by i), the cycle boundary it arrives at and the one
