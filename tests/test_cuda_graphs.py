@@ -40,7 +40,7 @@ import torch
 
 import reference
 import specverify
-from specverify.engine import speculative
+from specverify.engine import serving, speculative
 from specverify.engine.requests import new_requests
 from specverify.engine.sampling import SamplingParams
 from specverify.engine.speculative import SpecConfig
@@ -353,11 +353,11 @@ def test_captured_trace_equals_reference(c, request, record_property, monkeypatc
     made = []
 
     class Recorded(speculative.SpecDecoder):
-        def start(self, reqs):
+        def allocate(self, **kwargs):
             made.append(self)
-            super().start(reqs)
+            super().allocate(**kwargs)
 
-    monkeypatch.setattr(speculative, "SpecDecoder", Recorded)
+    monkeypatch.setattr(serving, "SpecDecoder", Recorded)       # the decoder generate's engine builds
     stats = spec_trace.compare(c, request.node.nodeid)
     spec_trace.report(stats, c, record_property)
     assert len(made) == 1 and made[0].use_graphs and made[0].runner.captures >= 1, "the traced run was not captured"

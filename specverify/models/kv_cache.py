@@ -49,16 +49,18 @@ class SlotTable:
         return self._table
 
     def flush(self) -> None:
-        """Apply the queued table edits on the device: one transfer, no host sync."""
+        """Apply the queued table edits on the device: one transfer, no host sync. Edits of the
+        same cell (a row released, then mapped for its next owner) keep the latest: the device
+        copy gets each cell once, since a scatter with repeated indices keeps an arbitrary one."""
         if not self._pending:
             return
-        flat, values = [], []
+        latest: dict[int, int] = {}
         width = self.max_context
+        # In the order they were made: a later edit of a cell replaces an earlier one.
         for row, first, slots in self._pending:
-            flat.extend(range(row * width + first, row * width + first + len(slots)))
-            values.extend(slots)
+            latest.update(zip(range(row * width + first, row * width + first + len(slots)), slots))
         self._pending.clear()
-        edits = torch.tensor([flat, values], dtype=torch.int64)
+        edits = torch.tensor([list(latest), list(latest.values())], dtype=torch.int64)
         if self._table.device.type == "cuda":
             edits = edits.pin_memory().to(self._table.device, non_blocking=True)
         self._table.view(-1).index_copy_(0, edits[0], edits[1])
