@@ -162,6 +162,9 @@ def run_schedule(case, schedule: Schedule) -> dict:
     what = f"{case_id(case)} {schedule.describe()}"
     for i, status in statuses.items():
         check_request(c, out, i, status, what)
+        if engine.channel is not None:       # the stream says which requests were preempted
+            streamed = engine.channel.processor.results[i].status
+            assert (streamed == "preempted") == (status == "aborted"), f"{what}: request {i} {status}, stream {streamed}"
     assert_pool_at_rest(engine, num_pages)
     return statuses
 
@@ -263,23 +266,73 @@ def test_a_bucket_that_shrinks_runs_each_row_once(algorithm):
 def test_a_short_prompt_on_a_reused_row_tracks_nothing():
     """The tracking slot of a row whose new owner's prompt is shorter than the interval holds
     zeros (it tracks nothing yet), not its predecessor's tracked state; a longer prompt's tracking
-    slot holds the state at its last multiple of the interval."""
+    slot holds the state at its last multiple of the interval. Three requests through one row, so
+    the rows (0 for all after the pad row) and the request indices (0, 1, 2) differ."""
     spec = SpecConfig(num_steps=2, topk=1, state_track_interval=4)
     models = cached_models(compute_dtype="float64", hybrid=True)
-    long_prompt, short_prompt = list(range(3, 14)), [5, 6]
     engine = Engine(models, spec=spec, max_running=1)
-    engine.add_request(long_prompt, 1)        # finishes on its prefill token, tracked at 8
-    engine.add_request(short_prompt, 1)
+    for prompt in ([5, 6], list(range(3, 14)), [5, 6]):    # short, long (tracked at 8), short
+        engine.add_request(prompt, 1)                     # each ends on its prefill token
     states = engine.decoder.cache.states
-    engine.step()                             # admits request 0, which ends at once; its row is free
-    assert engine.status(0) == "finished"
-    row = engine.requests[0].row
-    slot = states.tracking_slot(torch.tensor([row]))
-    assert all(buf[slot].any() for buf in states.state + states.conv), "request 0 tracked nothing"
-    engine.step()                             # request 1 takes the row
-    assert engine.requests[1].row == row
-    assert all(not buf[slot].any() for buf in states.state + states.conv), \
-        "the new owner's tracking slot holds its predecessor's state"
+    tracked = []
+    for i in range(3):
+        assert engine.step() == [i]
+        row = engine.requests[i].row
+        slot = states.tracking_slot(torch.tensor([row]))
+        tracked.append(all(buf[slot].any() for buf in states.state + states.conv))
+        assert all(not buf[slot].any() for buf in states.state + states.conv) or i == 1, \
+            f"request {i} on row {row}: its tracking slot holds its predecessor's state"
+    assert tracked == [False, True, False], tracked
+    assert {r.row for r in engine.requests} == {engine.requests[0].row}, "the requests did not share the row"
+    assert engine.requests[0].row != 0 and engine.requests[2].index == 2
+
+
+def test_admission_keeps_submission_order_and_the_head_waits_for_pages():
+    """The head of the queue waits for pages even when a later, smaller request would fit now:
+    admission is in submission order (docs/semantics.md section 8), so no request starves."""
+    models = cached_models(compute_dtype="float64")
+    engine = Engine(models, max_running=3, num_pages=20, page_size=1)
+    engine.add_request(list(range(1, 9)), 4)        # 12 pages of the 19
+    engine.add_request(list(range(1, 10)), 4)       # 13: waits for the first
+    engine.add_request([7], 1)                      # 2: would fit beside the first, must not overtake
+    engine.step()
+    assert [engine.status(i) for i in range(3)] == ["running", "waiting", "waiting"]
+    assert engine.resources()["committed_pages"] == 12 and engine.resources()["waiting"] == 2
+    engine.run()
+    assert [engine.status(i) for i in range(3)] == ["finished"] * 3
+
+
+def test_status_abort_and_step_report_what_happened():
+    """`status`, `abort`'s answer and `step`'s list of ended ids, through one row."""
+    models = cached_models(compute_dtype="float64")
+    engine = Engine(models, max_running=1, logprobs=1)
+    assert engine.add_request([1, 2, 3], 1) == 0        # ends on its prefill token
+    assert engine.add_request([4, 5], 6) == 1
+    assert engine.add_request([6], 6) == 2
+    assert [engine.status(i) for i in range(3)] == ["waiting"] * 3
+    assert engine.step() == [0]                          # admitted, prefilled, finished at once
+    assert [engine.status(i) for i in range(3)] == ["finished", "waiting", "waiting"]
+    assert engine.step() == []                           # request 1 runs
+    assert [engine.status(i) for i in range(3)] == ["finished", "running", "waiting"]
+    assert engine.abort(2) is True and engine.status(2) == "aborted"      # waiting: leaves the queue
+    assert engine.abort(2) is False and engine.abort(0) is False          # ended: nothing to do
+    assert engine.abort(1) is True and engine.abort(1) is False
+    assert not engine.has_unfinished() and engine.step() == []
+    results = engine.close() and engine.channel.processor.results
+    assert [r.status for r in results] == ["running", "preempted", "preempted"]
+    assert engine.output().tokens[2] == [] and len(engine.output().tokens[1]) == 2
+
+
+def test_a_refused_request_takes_no_id_and_no_stream_slot():
+    spec = SpecConfig(num_steps=2, topk=1, page_size=4)
+    models = cached_models(compute_dtype="float64")
+    engine = Engine(models, spec=spec, max_running=2, num_pages=5, logprobs=1, trace=True)   # 4 pages of 4
+    with pytest.raises(ValueError, match="could never run"):
+        engine.add_request(list(range(1, 10)), 5)
+    assert engine.add_request([1, 2, 3], 2) == 0
+    out = engine.run()
+    assert len(out.tokens) == len(out.logprobs) == len(out.trace) == len(out.accept_lengths) == 1
+    assert len(out.logprobs[0]) == len(out.tokens[0]) == 2
 
 
 def test_engine_refuses_what_can_never_run_and_bad_arguments():

@@ -117,6 +117,10 @@ def assert_pool_consistent(engine) -> None:
     assert dec.committed == sum(dec.pages_for(r) for r in running), \
         f"{dec.committed} pages promised, the running requests need {sum(dec.pages_for(r) for r in running)}"
     assert len(owners) == 1 + len(running), f"{len(owners)} rows allocated for {len(running)} running (+ the pad row)"
+    # What the engine reports is what the pool holds.
+    want = {"free_rows": table.num_free_rows, "free_pages": len(free), "committed_pages": dec.committed,
+            "running": len(running), "waiting": len(engine.waiting)}
+    assert engine.resources() == want, f"resources() {engine.resources()}, the pool holds {want}"
 
 
 def assert_pool_at_rest(engine, num_pages: int) -> None:
