@@ -17,7 +17,7 @@ import sys
 import time
 
 import reference
-from specverify import dtypes, environment, golden, matrix, mutants
+from specverify import dtypes, environment, golden, matrix, mutants, mutation_campaign
 from specverify.engine import SpecConfig, generate
 from specverify.models import build_models
 from specverify.platform import get_profile
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     # mutants: the mutation harness (specverify/mutants.py)
     p = sub.add_parser("mutants", help="plant each mutant of the bug zoo in a copy of the tree; show the suite kills it")
     mutants.add_arguments(p)
-    p.set_defaults(func=mutants.command)
+    p.set_defaults(func=lambda args: (mutation_campaign.command if args.action == "generate" else mutants.command)(args))
     # golden: regenerate / check the golden files (specverify/golden/)
     p = sub.add_parser("golden", help="regenerate or check the golden files of golden/")
     golden.add_arguments(p)

@@ -614,6 +614,17 @@ def _positive_float(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", nargs="?", choices=("generate",),
+                   help="generate: a campaign over mutants generated from specverify/'s AST "
+                        "(specverify/mutation_campaign.py; its options are --seed, --per-module, --budget, "
+                        "--report, --no-full-suite)")
+    p.add_argument("--seed", type=int, default=0, help="generate: the sampling seed")
+    p.add_argument("--per-module", type=_positive_int, default=40, metavar="N", help="generate: sites drawn per module")
+    p.add_argument("--budget", type=_positive_float, default=60.0, metavar="MINUTES",
+                   help="generate: no mutant starts after this many minutes (the rest are reported not run)")
+    p.add_argument("--report", metavar="FILE", help="generate: write the markdown report here (and FILE.json)")
+    p.add_argument("--no-full-suite", action="store_true",
+                   help="generate: do not re-run a slice survivor on the whole suite")
     p.add_argument("--only", nargs="+", action="extend", metavar="NAME", help="run only these mutants")
     p.add_argument("--list", action="store_true", help="print name, file and why of each mutant and exit")
     p.add_argument("--fast", action="store_true", help="only the mutants marked fast = true (the CI subset)")

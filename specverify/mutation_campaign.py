@@ -1,0 +1,211 @@
+"""`python -m specverify mutants generate`: a mutation-testing campaign over generated mutants
+(issue 24). It draws `--per-module` sites per module from `mutant_generator` with `--seed`, drops
+the ones triaged as equivalent, runs each through the zoo harness on its module's slice (data:
+`tests/mutants/generated/slices.toml`), re-runs a slice survivor on the whole suite (`-n 2`) while
+the `--budget` lasts, and writes the report: score per module (killed / generated, equivalents
+apart), the survivors with their triage, the seed, the run time and the machine.
+
+Triage is data, reviewed like code: `tests/mutants/generated/equivalents.toml` holds one
+`[[equivalent]]` table per mutant shown equivalent (id, file, target, replacement, reason). An
+entry whose target no longer occurs once in its file, or whose id no longer matches its edit, is
+stale and reported; a survivor is never dropped silently: it is either killed by a test or listed
+there with its reason.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import threading
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from specverify import mutant_generator as gen
+from specverify import mutants as harness
+
+DATA_DIR = Path("tests") / "mutants" / "generated"
+SLICES = DATA_DIR / "slices.toml"
+EQUIVALENTS = DATA_DIR / "equivalents.toml"
+FULL_SUITE = ("tests", "-n", "2")
+BUDGET = "budget"          # a mutant the budget left unstarted
+
+
+def load_slices(root: Path) -> dict[str, tuple[str, ...]]:
+    """module -> the test paths its mutants run (every module of the generator needs one)."""
+    data = tomllib.loads((root / SLICES).read_text(encoding="utf-8"))
+    slices = {m: tuple(t) for m, t in data.get("slices", {}).items()}
+    missing = [m for m in gen.MODULES if m not in slices]
+    if missing:
+        raise harness.ZooError(f"{SLICES}: no slice for module(s) {', '.join(missing)}")
+    return slices
+
+
+def load_equivalents(root: Path) -> tuple[dict[str, str], list[str]]:
+    """(id -> reason of every valid entry, the problems: stale or malformed entries)."""
+    path = root / EQUIVALENTS
+    if not path.exists():
+        return {}, []
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("equivalent", [])
+    valid, problems = {}, []
+    for i, e in enumerate(entries, 1):
+        keys = {"id", "file", "target", "replacement", "reason"}
+        if not isinstance(e, dict) or set(e) != keys or not all(isinstance(e[k], str) and e[k] for k in keys):
+            problems.append(f"{EQUIVALENTS} entry #{i}: needs exactly the string fields {sorted(keys)}")
+            continue
+        file = root / e["file"]
+        text = file.read_text(encoding="utf-8") if file.exists() else ""
+        site_id = gen.Site(e["file"], 0, "", e["target"], e["replacement"]).ident
+        if text.count(e["target"]) != 1:
+            problems.append(f"{EQUIVALENTS} entry {e['id']}: stale, its target is no longer once in {e['file']}")
+        elif not e["id"].endswith(site_id.rsplit("-", 1)[1]):
+            problems.append(f"{EQUIVALENTS} entry {e['id']}: its id does not hash its file, target and replacement")
+        else:
+            valid[e["id"]] = e["reason"]
+    return valid, problems
+
+
+def as_mutant(site: gen.Site, slices: dict[str, tuple[str, ...]], seed: int) -> harness.Mutant:
+    return harness.Mutant(name=site.ident, file=site.file, target=site.target, replacement=site.replacement,
+                          why=f"{site.operator} at line {site.line}", source=f"generated, seed {seed}",
+                          tests=slices[site.module], origin=f"generated (seed {seed})")
+
+
+def run_campaign(mutants: list[harness.Mutant], root: Path, *, jobs: int, budget_s: float, timeout: float,
+                 full_fallback: bool, progress=print) -> dict[str, harness.Result]:
+    """Each mutant on its slice, then each slice survivor on the whole suite; nothing starts once
+    the budget is spent (those are reported `not run`)."""
+    deadline = time.monotonic() + budget_s
+    done: dict[str, harness.Result] = {}
+    lock = threading.Lock()
+    with harness.Workspace(root, jobs) as ws:
+        harness.check_imports(ws.copies[0], ws.guard_dir)
+
+        def one(m: harness.Mutant, stage: str) -> None:
+            if time.monotonic() > deadline:
+                res = harness.Result(m.name, harness.NOT_RUN, detail=BUDGET)
+            else:
+                res = harness.run_mutant(m, ws, timeout)
+            with lock:
+                done[m.name] = res
+                progress(f"[{stage} {len(done)}/{len(mutants)}] {m.name}: {harness._verdict(res)} ({res.seconds:.1f} s)")
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for f in [pool.submit(one, m, "slice") for m in mutants]:
+                f.result()
+        if full_fallback:
+            survivors = [m for m in mutants if done[m.name].status == harness.SURVIVED]
+            for m in survivors:
+                whole = harness.Mutant(**{**m.__dict__, "tests": FULL_SUITE, "keyword": None})
+                del done[m.name]
+                one(whole, "suite")
+                if done[m.name].status == harness.NOT_RUN:       # the budget ran out: keep the slice verdict
+                    done[m.name] = harness.Result(m.name, harness.SURVIVED, detail="slice only (budget)")
+    return done
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalents: dict[str, str],
+           triage_problems: list[str], *, seed: int, per_module: int, seconds: float, command: str) -> tuple[str, dict]:
+    """The markdown report and its json twin."""
+    rows, per = [], {}
+    for s in sites:
+        r = results.get(s.ident)
+        status = "equivalent" if s.ident in equivalents else (r.status if r else harness.NOT_RUN)
+        per.setdefault(s.module, []).append((s, status, r))
+    table = ["| module | generated | equivalent | killed | survived | not run | score |", "|---|---:|---:|---:|---:|---:|---:|"]
+    summary = {}
+    for module in gen.MODULES:
+        got = per.get(module, [])
+        count = {k: sum(1 for _, st, _ in got if st == k)
+                 for k in ("equivalent", harness.KILLED, harness.SURVIVED, harness.NOT_RUN, harness.REFUSED)}
+        judged = count[harness.KILLED] + count[harness.SURVIVED]
+        score = f"{100 * count[harness.KILLED] / judged:.1f}%" if judged else "-"
+        summary[module] = {**count, "generated": len(got), "score": score}
+        table.append(f"| {module} | {len(got)} | {count['equivalent']} | {count[harness.KILLED]} | "
+                     f"{count[harness.SURVIVED]} | {count[harness.NOT_RUN] + count[harness.REFUSED]} | {score} |")
+    for s, status, r in sorted((x for got in per.values() for x in got), key=lambda x: x[0].ident):
+        if status in (harness.SURVIVED, "equivalent", harness.REFUSED):
+            why = equivalents.get(s.ident, r.detail if r else "")
+            rows.append(f"| `{s.ident}` | {status} | `{s.file}:{s.line}` | {_cell(s.target)} | {_cell(s.replacement)} | {why} |")
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"# Mutation score: generated mutants, seed {seed}", "",
+             f"- Command: `{command}`", f"- Date: {now}", f"- Machine: {machine()}",
+             f"- Seed {seed}, {per_module} sites drawn per module (all of a smaller one), {len(sites)} in all",
+             f"- Run time: {seconds:.0f} s", "", "## Score per module", "",
+             "Score = killed / (killed + survived); equivalents (triaged in "
+             f"`{EQUIVALENTS.as_posix()}`) and mutants the budget left unrun are apart.", "", *table, "",
+             "## Survivors, equivalents and refusals", ""]
+    if rows:
+        lines += ["| id | status | where | target | replacement | triage / detail |", "|---|---|---|---|---|---|", *rows]
+    else:
+        lines.append("None.")
+    if triage_problems:
+        lines += ["", "## Stale or malformed triage entries", "", *[f"- {p}" for p in triage_problems]]
+    data = {"seed": seed, "per_module": per_module, "seconds": round(seconds), "machine": machine(),
+            "modules": summary, "mutants": [{"id": s.ident, "module": s.module, "status": st}
+                                           for got in per.values() for s, st, _ in got]}
+    return "\n".join(lines) + "\n", data
+
+
+def _cell(text: str) -> str:
+    one = " ⏎ ".join(line.strip() for line in text.splitlines())
+    return "`" + (one if len(one) <= 90 else one[:87] + "...").replace("|", "\\|").replace("`", "'") + "`"
+
+
+def command(args) -> int:
+    """Generate, run and report; exit 0 when every run mutant is killed or triaged, 1 otherwise,
+    2 when the data cannot be used."""
+    root = (args.root or harness.default_root()).resolve()
+    try:
+        slices = load_slices(root)
+        equivalents, problems = load_equivalents(root)
+        sites = gen.sample(gen.all_sites(root), args.per_module, args.seed)
+        todo = [as_mutant(s, slices, args.seed) for s in sites if s.ident not in equivalents]
+        if args.list:
+            for s in sites:
+                print(f"{s.ident}  {s.file}:{s.line}  {'[equivalent] ' if s.ident in equivalents else ''}"
+                      f"{s.target.strip()[:60]!r} -> {s.replacement.strip()[:60]!r}")
+            return 0
+        print(f"specverify mutants generate: seed {args.seed}, {len(sites)} sites, {len(sites) - len(todo)} "
+              f"triaged equivalent, jobs {args.jobs}, budget {args.budget} min", flush=True)
+        start = time.monotonic()
+        results = run_campaign(todo, root, jobs=args.jobs, budget_s=args.budget * 60, timeout=args.timeout,
+                               full_fallback=not args.no_full_suite, progress=lambda line: print(line, flush=True))
+    except (harness.ZooError, harness.ImportLeak, OSError, tomllib.TOMLDecodeError) as e:
+        print(f"specverify mutants generate: {e}", file=__import__("sys").stderr)
+        return 2
+    text, data = report(sites, results, equivalents, problems, seed=args.seed, per_module=args.per_module,
+                        seconds=time.monotonic() - start, command=harness_command(args))
+    print(text)
+    if args.report:
+        out = Path(args.report)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    bad = [r for r in results.values() if r.status in (harness.SURVIVED, harness.REFUSED)]
+    return 1 if bad or problems else 0
+
+
+def harness_command(args) -> str:
+    parts = ["python -m specverify mutants generate", f"--seed {args.seed}", f"--per-module {args.per_module}",
+             f"--jobs {args.jobs}", f"--budget {args.budget:g}"]
+    if args.no_full_suite:
+        parts.append("--no-full-suite")
+    if args.report:
+        parts.append(f"--report {args.report}")
+    return " ".join(parts)
