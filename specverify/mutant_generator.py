@@ -282,13 +282,13 @@ def _site(rel: str, text: str, lines: list[str], node, operator: str, new: str) 
     if mutated == target:
         return None
     before, after = first, last
-    while text.count(target) != 1:                           # widen until it occurs once
+    while text.count(target.rstrip("\n")) != 1:             # widen until it occurs once (as stored)
         if before == 0 and after == len(lines) - 1 or after - before > 8:
             return None
         if before > 0:
             before -= 1
             target, mutated = lines[before] + target, lines[before] + mutated
-        if text.count(target) != 1 and after < len(lines) - 1:
+        if text.count(target.rstrip("\n")) != 1 and after < len(lines) - 1:
             after += 1
             target, mutated = target + lines[after], mutated + lines[after]
     if "'''" in target or "'''" in mutated or target.endswith("\\\n"):

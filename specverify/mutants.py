@@ -623,6 +623,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=_positive_float, default=60.0, metavar="MINUTES",
                    help="generate: no mutant starts after this many minutes (the rest are reported not run)")
     p.add_argument("--report", metavar="FILE", help="generate: write the markdown report here (and FILE.json)")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="PART.json", default=None,
+                   help="generate: one report (--report) from the json reports of a campaign run in parts")
+    p.add_argument("--modules", nargs="+", metavar="MODULE", default=None,
+                   help="generate: only these modules' sites (after the seeded draw; a campaign may run in parts)")
     p.add_argument("--no-full-suite", action="store_true",
                    help="generate: do not re-run a slice survivor on the whole suite")
     p.add_argument("--only", nargs="+", action="extend", metavar="NAME", help="run only these mutants")

@@ -120,8 +120,10 @@ def machine() -> str:
 
 
 def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalents: dict[str, str],
-           triage_problems: list[str], *, seed: int, per_module: int, seconds: float, command: str) -> tuple[str, dict]:
-    """The markdown report and its json twin."""
+           triage_problems: list[str], *, seed: int, per_module: int, seconds: float, command: str,
+           machine_name: str | None = None) -> tuple[str, dict]:
+    """The markdown report and its json twin (machine_name: where the mutants ran, default this one)."""
+    where = machine_name or machine()
     rows, per = [], {}
     for s in sites:
         r = results.get(s.ident)
@@ -129,8 +131,8 @@ def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalent
         per.setdefault(s.module, []).append((s, status, r))
     table = ["| module | generated | equivalent | killed | survived | not run | score |", "|---|---:|---:|---:|---:|---:|---:|"]
     summary = {}
-    for module in gen.MODULES:
-        got = per.get(module, [])
+    for module in [m for m in gen.MODULES if m in per]:
+        got = per[module]
         count = {k: sum(1 for _, st, _ in got if st == k)
                  for k in ("equivalent", harness.KILLED, harness.SURVIVED, harness.NOT_RUN, harness.REFUSED)}
         judged = count[harness.KILLED] + count[harness.SURVIVED]
@@ -144,7 +146,7 @@ def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalent
             rows.append(f"| `{s.ident}` | {status} | `{s.file}:{s.line}` | {_cell(s.target)} | {_cell(s.replacement)} | {why} |")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# Mutation score: generated mutants, seed {seed}", "",
-             f"- Command: `{command}`", f"- Date: {now}", f"- Machine: {machine()}",
+             f"- Command: `{command}`", f"- Date: {now}", f"- Machine: {where}",
              f"- Seed {seed}, {per_module} sites drawn per module (all of a smaller one), {len(sites)} in all",
              f"- Run time: {seconds:.0f} s", "", "## Score per module", "",
              "Score = killed / (killed + survived); equivalents (triaged in "
@@ -156,10 +158,29 @@ def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalent
         lines.append("None.")
     if triage_problems:
         lines += ["", "## Stale or malformed triage entries", "", *[f"- {p}" for p in triage_problems]]
-    data = {"seed": seed, "per_module": per_module, "seconds": round(seconds), "machine": machine(),
-            "modules": summary, "mutants": [{"id": s.ident, "module": s.module, "status": st}
-                                           for got in per.values() for s, st, _ in got]}
+    data = {"seed": seed, "per_module": per_module, "seconds": round(seconds), "machine": where,
+            "modules": summary,
+            "mutants": [{"id": s.ident, "file": s.file, "line": s.line, "operator": s.operator, "target": s.target,
+                         "replacement": s.replacement, "status": st, "test": r.test if r else None,
+                         "detail": r.detail if r else "", "seconds": round(r.seconds, 1) if r else 0.0}
+                        for got in per.values() for s, st, r in got]}
     return "\n".join(lines) + "\n", data
+
+
+def merge(paths: list[Path]) -> tuple[list[gen.Site], dict[str, harness.Result], dict]:
+    """The sites and results of several parts' json reports (one campaign run in parts)."""
+    sites, results, meta = [], {}, {"seconds": 0}
+    for path in paths:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        meta.update(seed=data["seed"], per_module=data["per_module"], machine=data["machine"])
+        meta["seconds"] += data["seconds"]
+        for m in data["mutants"]:
+            site = gen.Site(m["file"], m["line"], m["operator"], m["target"], m["replacement"])
+            sites.append(site)
+            if m["status"] != "equivalent":
+                results[site.ident] = harness.Result(site.ident, m["status"], test=m["test"] or "", detail=m["detail"],
+                                                     seconds=m["seconds"])
+    return sites, results, meta
 
 
 def _cell(text: str) -> str:
@@ -171,10 +192,17 @@ def command(args) -> int:
     """Generate, run and report; exit 0 when every run mutant is killed or triaged, 1 otherwise,
     2 when the data cannot be used."""
     root = (args.root or harness.default_root()).resolve()
+    if args.merge:
+        return _merged(args, root)
     try:
         slices = load_slices(root)
         equivalents, problems = load_equivalents(root)
         sites = gen.sample(gen.all_sites(root), args.per_module, args.seed)
+        if args.modules:
+            unknown = sorted(set(args.modules) - set(gen.MODULES))
+            if unknown:
+                raise harness.ZooError(f"--modules: unknown {', '.join(unknown)}; known: {', '.join(gen.MODULES)}")
+            sites = [s for s in sites if s.module in args.modules]
         todo = [as_mutant(s, slices, args.seed) for s in sites if s.ident not in equivalents]
         if args.list:
             for s in sites:
@@ -201,9 +229,26 @@ def command(args) -> int:
     return 1 if bad or problems else 0
 
 
+def _merged(args, root: Path) -> int:
+    """--merge PART.json ...: one report over a campaign run in parts (equivalents as triaged now)."""
+    sites, results, meta = merge(args.merge)
+    equivalents, problems = load_equivalents(root)
+    results = {k: v for k, v in results.items() if k not in equivalents}
+    text, data = report(sites, results, equivalents, problems, seed=meta["seed"], per_module=meta["per_module"],
+                        seconds=meta["seconds"], machine_name=meta["machine"],
+                        command="python -m specverify mutants generate --merge " + " ".join(map(str, args.merge)))
+    print(text)
+    if args.report:
+        Path(args.report).write_text(text, encoding="utf-8")
+        Path(args.report).with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return 1 if any(r.status in (harness.SURVIVED, harness.REFUSED) for r in results.values()) or problems else 0
+
+
 def harness_command(args) -> str:
     parts = ["python -m specverify mutants generate", f"--seed {args.seed}", f"--per-module {args.per_module}",
              f"--jobs {args.jobs}", f"--budget {args.budget:g}"]
+    if args.modules:
+        parts.append("--modules " + " ".join(args.modules))
     if args.no_full_suite:
         parts.append("--no-full-suite")
     if args.report:

@@ -1,0 +1,171 @@
+"""The generated mutants (issue 24, specverify/mutant_generator.py and mutation_campaign.py): each
+standard operator makes the mutant it names and nothing in docstrings, strings, annotations or
+imports; every site of the tree plants exactly once and compiles; sampling is a function of the
+seed; the triage file reports stale entries; and a small deterministic subset of generated mutants
+is killed by the suite (the CI subset, like the zoo's `fast` mutants)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specverify import mutant_generator as gen
+from specverify import mutants as harness
+from specverify import mutation_campaign as campaign
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SAMPLE = '''\
+"""A module docstring with 1 < 2 and x[-1]."""
+import os
+
+LIMIT: int = 8
+
+
+def f(a: int, b: "list[int]" = None) -> int:
+    """A function docstring: a and b."""
+    if a < b[-1] and not a == 0:
+        raise ValueError(f"a {a + 1} is out of range")
+    total = a * 2 + 1.5
+    total -= 1
+    b.append_(total)
+    return g(a, b)
+'''
+
+
+def sample_sites(tmp_path: Path) -> list[gen.Site]:
+    (tmp_path / "specverify").mkdir()
+    (tmp_path / "specverify" / "ops.py").write_text(SAMPLE, encoding="utf-8")
+    return gen.sites_of(tmp_path, "specverify/ops.py")
+
+
+def edits(sites, operator) -> set[tuple[str, str]]:
+    return {(s.target.strip(), s.replacement.strip()) for s in sites if s.operator == operator}
+
+
+def test_each_operator_makes_its_mutant(tmp_path):
+    sites = sample_sites(tmp_path)
+    cond = "if a < b[-1] and not a == 0:"
+    assert (cond, "if a <= b[-1] and not a == 0:") in edits(sites, "relational")
+    assert (cond, "if a < b[-1] and not a != 0:") in edits(sites, "relational")
+    assert (cond, "if a < b[0] and not a == 0:") in edits(sites, "index")
+    assert {(cond, "if a < b[-1] or not a == 0:"), (cond, "if (a < b[-1]):"), (cond, "if (not a == 0):")} \
+        <= edits(sites, "boolean")
+    assert (cond, "if a < b[-1] and (a == 0):") in edits(sites, "not")
+    assert ("total = a * 2 + 1.5", "total = a * 2 - 1.5") in edits(sites, "arithmetic")
+    assert ("total = a * 2 + 1.5", "total = a / 2 + 1.5") in edits(sites, "arithmetic")
+    assert ("total -= 1", "total += 1") in edits(sites, "arithmetic")
+    consts = edits(sites, "constant")
+    assert {("total = a * 2 + 1.5", "total = a * 3 + 1.5"), ("total = a * 2 + 1.5", "total = a * 1 + 1.5"),
+            ("total -= 1", "total -= 0"), ("if a < b[-1] and not a == 0:", "if a < b[-1] and not a == 1:"),
+            ("LIMIT: int = 8", "LIMIT: int = 9")} <= consts
+    assert ("total = a * 2 + 1.5", f"total = a * 2 + {1.5 * (1 + 1e-9)!r}") in consts
+    assert ("return g(a, b)", "return g(b, a)") in edits(sites, "swap-args")
+    assert ("return g(a, b)", "return None") in edits(sites, "return-constant")
+    removed = {t for t, r in edits(sites, "remove-statement")}
+    assert {"total = a * 2 + 1.5", "total -= 1", "b.append_(total)", "LIMIT: int = 8"} <= removed
+    assert any(t.startswith("raise ValueError") for t in removed)
+
+
+def test_strings_annotations_imports_and_docstrings_are_never_mutated(tmp_path):
+    for s in sample_sites(tmp_path):
+        changed = s.target != s.replacement
+        assert changed
+        assert "docstring" not in s.target, s
+        assert "import os" not in s.target, s
+        if s.target.strip().startswith("def f("):
+            pytest.fail(f"a signature (annotation / default) line was mutated: {s}")
+        if "raise ValueError" in s.target:
+            assert s.operator == "remove-statement", f"the f-string message was mutated: {s}"
+
+
+def test_every_site_of_the_tree_plants_once_and_compiles():
+    sites = gen.all_sites(ROOT)
+    assert len(sites) > 2000
+    assert {s.operator for s in sites} == {"relational", "arithmetic", "constant", "index", "boolean", "not",
+                                           "swap-args", "remove-statement", "return-constant"}
+    assert {s.module for s in sites} == set(gen.MODULES)
+    assert len({s.ident for s in sites}) == len(sites), "two sites share an id"
+    texts = {}
+    for s in gen.sample(sites, 25, seed=11):
+        text = texts.setdefault(s.file, (ROOT / s.file).read_text(encoding="utf-8"))
+        assert text.count(s.target) == 1, s.ident
+        compile(text.replace(s.target, s.replacement, 1), s.file, "exec")
+    assert not any(s.file.startswith(("specverify/conformance", "specverify/mutant")) for s in sites)
+
+
+def test_sampling_is_a_function_of_the_seed():
+    sites = gen.all_sites(ROOT)
+    a, b, c = (gen.sample(sites, 5, seed) for seed in (3, 3, 4))
+    assert [s.ident for s in a] == [s.ident for s in b] != [s.ident for s in c]
+    per_module = {m: sum(1 for s in a if s.module == m) for m in gen.MODULES}
+    assert all(n == 5 for n in per_module.values()), per_module
+
+
+def test_slices_cover_every_module_and_name_real_tests():
+    slices = campaign.load_slices(ROOT)
+    assert set(slices) >= set(gen.MODULES)
+    for module, tests in slices.items():
+        for t in tests:
+            assert (ROOT / t).exists(), f"{module}: slice names {t}, which does not exist"
+
+
+def test_triage_reports_stale_and_mismatched_entries(tmp_path):
+    sites = sample_sites(tmp_path)
+    ok, other = sites[0], sites[1]
+    data = tmp_path / campaign.EQUIVALENTS
+    data.parent.mkdir(parents=True)
+    entry = '[[equivalent]]\nid = "{id}"\nfile = "{file}"\ntarget = \'\'\'{t}\'\'\'\nreplacement = \'\'\'{r}\'\'\'\nreason = "{why}"\n'
+    data.write_text("".join([
+        entry.format(id=ok.ident, file=ok.file, t=ok.target, r=ok.replacement, why="same value"),
+        entry.format(id="gen-ops-ops-l1-constant-00000000", file=ok.file, t="gone = 1", r="gone = 0", why="stale"),
+        entry.format(id=ok.ident, file=other.file, t=other.target, r=other.replacement, why="wrong id"),
+    ]), encoding="utf-8")
+    valid, problems = campaign.load_equivalents(tmp_path)
+    assert valid == {ok.ident: "same value"}
+    assert len(problems) == 2
+    assert "stale" in problems[0] and "does not hash" in problems[1]
+
+
+def test_the_shipped_triage_file_is_current():
+    valid, problems = campaign.load_equivalents(ROOT)
+    assert not problems, problems
+
+
+# The CI subset: generated mutants from a fixed seed whose slices are a few seconds, run by the
+# harness in a copy of the tree; each must be killed.
+SUBSET = {
+    ("specverify/validation.py", "if value not in allowed:", "if value in allowed:"): ("tests/test_engine_fit.py",),
+    ("specverify/protocol/output.py", "if r.status != \"running\":", "if r.status == 'running':"):
+        ("tests/test_output_processor.py",),
+}
+
+
+def test_a_generated_subset_is_killed():
+    sites = {(s.file, s.target.strip(), s.replacement.strip()): s for s in gen.all_sites(ROOT)}
+    chosen = []
+    for key, tests in SUBSET.items():
+        assert key in sites, f"the subset's site {key} is no longer generated"
+        s = sites[key]
+        chosen.append(harness.Mutant(name=s.ident, file=s.file, target=s.target, replacement=s.replacement,
+                                     why=s.operator, source="CI subset", tests=tests))
+    results = campaign.run_campaign(chosen, ROOT, jobs=1, budget_s=600, timeout=300, full_fallback=False,
+                                    progress=lambda line: None)
+    assert [results[m.name].status for m in chosen] == [harness.KILLED] * len(chosen), \
+        {m.name: (results[m.name].status, results[m.name].detail) for m in chosen}
+
+
+def test_the_report_scores_each_module_apart_from_equivalents(tmp_path):
+    sites = sample_sites(tmp_path)[:4]
+    results = {sites[0].ident: harness.Result(sites[0].ident, harness.KILLED),
+               sites[1].ident: harness.Result(sites[1].ident, harness.SURVIVED),
+               sites[3].ident: harness.Result(sites[3].ident, harness.NOT_RUN, detail=campaign.BUDGET)}
+    text, data = campaign.report(sites, results, {sites[2].ident: "same value either way"}, [], seed=5,
+                                 per_module=4, seconds=12.0, command="cmd")
+    row = data["modules"]["ops"]
+    assert (row["generated"], row["killed"], row["survived"], row["equivalent"], row["not run"], row["score"]) == \
+        (4, 1, 1, 1, 1, "50.0%")
+    assert "same value either way" in text and sites[1].ident in text and "seed 5" in text
+    assert textwrap.dedent(text).count("| ops | 4 | 1 | 1 | 1 | 1 | 50.0% |") == 1
