@@ -625,6 +625,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE", help="generate: write the markdown report here (and FILE.json)")
     p.add_argument("--merge", nargs="+", type=Path, metavar="PART.json", default=None,
                    help="generate: one report (--report) from the json reports of a campaign run in parts")
+    p.add_argument("--rerun", nargs="+", metavar="ID", default=None,
+                   help="generate --merge PARTS: re-run these mutants of the parts on --slice, into --part OUT.json")
+    p.add_argument("--slice", nargs="+", metavar="TEST", default=None, help="generate --rerun: the tests to run")
+    p.add_argument("--part", type=Path, metavar="OUT.json", default=None, help="generate --rerun: where the results go")
     p.add_argument("--modules", nargs="+", metavar="MODULE", default=None,
                    help="generate: only these modules' sites (after the seeded draw; a campaign may run in parts)")
     p.add_argument("--no-full-suite", action="store_true",

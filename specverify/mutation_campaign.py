@@ -168,7 +168,8 @@ def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalent
 
 
 def merge(paths: list[Path]) -> tuple[list[gen.Site], dict[str, harness.Result], dict]:
-    """The sites and results of several parts' json reports (one campaign run in parts)."""
+    """The sites and results of several parts' json reports (one campaign run in parts); a mutant
+    one part left unrun (budget) and another ran takes the run's result."""
     sites, results, meta = [], {}, {"seconds": 0}
     for path in paths:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -176,7 +177,11 @@ def merge(paths: list[Path]) -> tuple[list[gen.Site], dict[str, harness.Result],
         meta["seconds"] += data["seconds"]
         for m in data["mutants"]:
             site = gen.Site(m["file"], m["line"], m["operator"], m["target"], m["replacement"])
-            sites.append(site)
+            earlier = results.get(site.ident)
+            if earlier is not None and m["status"] == harness.NOT_RUN:
+                continue                                     # a part that ran it beats one that did not
+            if earlier is None and site.ident not in {s.ident for s in sites}:
+                sites.append(site)
             if m["status"] != "equivalent":
                 results[site.ident] = harness.Result(site.ident, m["status"], test=m["test"] or "", detail=m["detail"],
                                                      seconds=m["seconds"])
@@ -229,8 +234,40 @@ def command(args) -> int:
     return 1 if bad or problems else 0
 
 
+def rerun_part(parts: list[Path], ids: list[str], tests: tuple[str, ...], out: Path, root: Path, *, jobs: int,
+               timeout: float) -> dict[str, harness.Result]:
+    """Re-run the mutants `ids` of the merged `parts` on the slice `tests` (a survivor after the
+    tests written for it) and write the results as one more part json, `out`."""
+    sites, _, meta = merge(parts)
+    chosen = [s for s in sites if s.ident in set(ids)]
+    unknown = sorted(set(ids) - {s.ident for s in chosen})
+    if unknown:
+        raise harness.ZooError(f"--rerun: not in the parts: {', '.join(unknown)}")
+    mutants = [as_mutant(s, {s.module: tests}, meta["seed"]) for s in chosen]
+    start = time.monotonic()
+    res = run_campaign(mutants, root, jobs=jobs, budget_s=float("inf"), timeout=timeout, full_fallback=False,
+                       progress=lambda line: print(line, flush=True))
+    data = {"seed": meta["seed"], "per_module": meta["per_module"], "machine": machine(),
+            "seconds": round(time.monotonic() - start),
+            "mutants": [{"id": s.ident, "file": s.file, "line": s.line, "operator": s.operator, "target": s.target,
+                         "replacement": s.replacement, "status": res[s.ident].status, "test": res[s.ident].test,
+                         "detail": f"re-run on {' '.join(tests)}", "seconds": round(res[s.ident].seconds, 1)}
+                        for s in chosen]}
+    out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return res
+
+
 def _merged(args, root: Path) -> int:
-    """--merge PART.json ...: one report over a campaign run in parts (equivalents as triaged now)."""
+    """--merge PART.json ...: one report over a campaign run in parts (equivalents as triaged now);
+    with --rerun ID ... --slice TEST ... --part OUT.json, first re-run those mutants into OUT."""
+    if args.rerun:
+        if not args.slice or not args.part:
+            print("specverify mutants generate: --rerun needs --slice and --part", file=__import__("sys").stderr)
+            return 2
+        res = rerun_part(args.merge, args.rerun, tuple(args.slice), args.part, root, jobs=args.jobs,
+                         timeout=args.timeout)
+        print({k: v.status for k, v in res.items()})
+        return 0
     sites, results, meta = merge(args.merge)
     equivalents, problems = load_equivalents(root)
     results = {k: v for k, v in results.items() if k not in equivalents}

@@ -472,3 +472,25 @@ def test_fp8_tolerance_covers_one_step(fmt):
 def test_tolerance_unknown(bad):
     with pytest.raises(ValueError, match="tolerance.*float32"):
         D.tolerance(bad)
+
+
+# -- pinned for the survivors of the first generated-mutant campaign (docs/mutation/seed-0.md) --
+
+@pytest.mark.parametrize("name", sorted(D.DTYPES))
+def test_negative_zero_in_the_table_matches_torch(name):
+    """has_negative_zero says whether -0.0 survives a cast to the dtype with its sign (the fnuz
+    formats have no -0: their 0x80 is NaN)."""
+    info = D.DTYPES[name]
+    zero = torch.tensor([-0.0]).to(info.torch_dtype).to(torch.float64)
+    assert info.has_negative_zero == bool(torch.signbit(zero).item())
+
+
+def test_dequantize_refuses_what_is_not_a_tensor():
+    with pytest.raises(TypeError, match=r"^q: expected a torch.Tensor, got list$"):
+        D.dequantize_fp8([1.0], 1.0)
+
+
+@pytest.mark.parametrize("shape", [(), (3, 0)])
+def test_logits_scale_needs_a_vocab_dimension(shape):
+    with pytest.raises(ValueError, match=r"logits: expected shape \[\.\.\., V\] with V >= 1"):
+        D.logits_scale(torch.zeros(shape), "float8_e4m3fn", mode="per_row")
