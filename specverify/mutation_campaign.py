@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import threading
 import time
 import tomllib
@@ -32,6 +33,21 @@ SLICES = DATA_DIR / "slices.toml"
 EQUIVALENTS = DATA_DIR / "equivalents.toml"
 FULL_SUITE = ("tests", "-n", "2")
 BUDGET = "budget"          # a mutant the budget left unstarted
+
+
+_CRASH = re.compile(r"the import guard wrote no report \(pytest exit (-?\d+)\)")
+
+
+def crash_as_kill(res: harness.Result) -> harness.Result:
+    """A mutant that makes pytest itself die (a signal from a kernel, an internal or usage error:
+    any exit but 0 and 5) is detected by the suite: killed, though the harness refuses it because
+    its import guard could not report. The unmutated slice passes (the baseline of the campaign's
+    slices), so the crash is the mutant's."""
+    m = _CRASH.match(res.detail or "")
+    if res.status == harness.REFUSED and m and int(m.group(1)) not in (0, 5):
+        return harness.Result(res.name, harness.KILLED, test=f"(pytest exit {m.group(1)}: the run crashed)",
+                              seconds=res.seconds, detail=res.detail)
+    return res
 
 
 def load_slices(root: Path) -> dict[str, tuple[str, ...]]:
@@ -88,7 +104,7 @@ def run_campaign(mutants: list[harness.Mutant], root: Path, *, jobs: int, budget
             if time.monotonic() > deadline:
                 res = harness.Result(m.name, harness.NOT_RUN, detail=BUDGET)
             else:
-                res = harness.run_mutant(m, ws, timeout)
+                res = crash_as_kill(harness.run_mutant(m, ws, timeout))
             with lock:
                 done[m.name] = res
                 progress(f"[{stage} {len(done)}/{len(mutants)}] {m.name}: {harness._verdict(res)} ({res.seconds:.1f} s)")
@@ -183,8 +199,8 @@ def merge(paths: list[Path]) -> tuple[list[gen.Site], dict[str, harness.Result],
             if earlier is None and site.ident not in {s.ident for s in sites}:
                 sites.append(site)
             if m["status"] != "equivalent":
-                results[site.ident] = harness.Result(site.ident, m["status"], test=m["test"] or "", detail=m["detail"],
-                                                     seconds=m["seconds"])
+                results[site.ident] = crash_as_kill(harness.Result(site.ident, m["status"], test=m["test"] or "",
+                                                                   detail=m["detail"], seconds=m["seconds"]))
     return sites, results, meta
 
 

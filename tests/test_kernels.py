@@ -666,3 +666,18 @@ def test_cuda_graph_replay_equals_eager():
         eager = step(new)
         for i, (a, b) in enumerate(zip(captured, eager)):
             assert torch.equal(a, b), f"trial {trial}: output {i} differs between replay and eager"
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_one_step_tree_has_no_beam_rows(k):
+    """S = 1: the tree is the root and its k children, there is no beam step to record, so the
+    search returns an empty [bs, 0, k] beam table (the device state's shape for S = 1), the
+    children in flat order and their tokens (found by the first generated-mutant campaign)."""
+    from specverify.spec.eagle import finish_search, start_search
+
+    p0 = torch.tensor([[0.5, 0.3, 0.2][:k], [0.6, 0.25, 0.15][:k]])
+    idx0 = torch.tensor([[7, 3, 9][:k], [1, 2, 4][:k]])
+    kept_flat, kept_tokens, beam_flat = finish_search(start_search(p0, idx0, 1), k + 1)
+    assert beam_flat.shape == (2, 0, k) and beam_flat.dtype == torch.int64
+    assert kept_flat.tolist() == [list(range(k))] * 2
+    assert kept_tokens.tolist() == idx0.tolist()

@@ -163,3 +163,20 @@ def test_profiles_are_frozen(machine):
     p = P.get_profile("cpu")
     with pytest.raises(AttributeError):
         p.argmax_fast_path = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("cuda, hip, reason", [
+    (None, None, "is a CPU-only build"),
+    ("13.0", None, "torch.cuda.is_available() is False: no GPU is visible (driver, CUDA_VISIBLE_DEVICES)"),
+    (None, "6.4", "torch.cuda.is_available() is False: no GPU is visible (driver, CUDA_VISIBLE_DEVICES)"),
+])
+def test_the_absence_of_a_gpu_names_its_cause(monkeypatch, cuda, hip, reason):
+    """A CPU-only build and a GPU build without a visible GPU are told apart (found by the first
+    generated-mutant campaign: nothing pinned either message)."""
+    import specverify.platform as platform_mod
+
+    monkeypatch.setattr(platform_mod, "native_platform", lambda: "cpu")
+    monkeypatch.setattr(platform_mod.torch.version, "cuda", cuda)
+    monkeypatch.setattr(platform_mod.torch.version, "hip", hip)
+    got = platform_mod._gpu_absence("cuda")
+    assert got.endswith(reason), got

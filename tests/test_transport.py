@@ -304,3 +304,11 @@ def test_ring_spec_layout_is_aligned():
     assert spec.end_offset % 8 == 0 and spec.end_offset >= 32 + spec.max_message_bytes
     assert spec.slot_bytes >= spec.end_offset + 8
     assert spec.total_bytes == 192 + 3 * spec.slot_bytes
+
+
+@pytest.mark.parametrize("spec", [None, {"slots": 4}, "RingSpec"])
+def test_create_refuses_a_spec_that_is_not_a_ring_spec(spec):
+    """Found by the first generated-mutant campaign: without this check a dict or None reached
+    `_check_room` and failed there with an AttributeError."""
+    with pytest.raises(TypeError, match=rf"^spec must be a RingSpec, got {type(spec).__name__}$"):
+        RingProducer.create(spec)
