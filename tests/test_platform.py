@@ -180,3 +180,27 @@ def test_the_absence_of_a_gpu_names_its_cause(monkeypatch, cuda, hip, reason):
     monkeypatch.setattr(platform_mod.torch.version, "hip", hip)
     got = platform_mod._gpu_absence("cuda")
     assert got.endswith(reason), got
+
+
+def test_nothing_is_capturing_outside_a_graph_capture():
+    assert P.capturing() is False and P.capturing("cpu") is False and P.capturing(torch.device("cpu")) is False
+
+
+@pytest.mark.cuda
+def test_capturing_is_true_only_inside_a_capture_and_only_for_cuda():
+    """Inside a CUDA-graph capture the value checks of the ops must not read the device; outside
+    one they must (found by the first generated-mutant campaign: no test captured a check)."""
+    assert P.capturing() is False and P.capturing("cuda") is False and P.capturing("cpu") is False
+    x = torch.ones(4, device="cuda")
+    stream, graph, seen = torch.cuda.Stream(), torch.cuda.CUDAGraph(), {}
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y = x * 2                                     # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph, stream=stream):
+        seen = {"none": P.capturing(), "cuda": P.capturing("cuda"), "cpu": P.capturing("cpu")}
+        y = x * 2
+    graph.replay()
+    torch.cuda.synchronize()
+    assert seen == {"none": True, "cuda": True, "cpu": False} and y.tolist() == [2.0] * 4
+    assert P.capturing("cuda") is False
