@@ -54,3 +54,35 @@ def test_strided_vectors_and_expanded_masks_match_the_reference(impl):
     np.testing.assert_allclose(got.double().numpy(), want, atol=2e-5, rtol=2e-5)
     # Lanes past q_lens and the request with no query produce zeros.
     assert torch.count_nonzero(got[3]) == 0 and torch.count_nonzero(got[1, 1:]) == 0
+
+
+# -- pinned for the survivors of the first generated-mutant campaign (docs/mutation/seed-0.md) --
+
+def _op_inputs():
+    qh, k_cache, v_cache, table, rows, kv_lens, q_lens, mask = _inputs(7)
+    return dict(q=qh, k_cache=k_cache, v_cache=v_cache, req_to_token=table, rows=rows.contiguous(),
+                kv_lens=kv_lens.contiguous(), q_lens=q_lens.contiguous(), tree_mask=mask.contiguous())
+
+
+@pytest.mark.parametrize("scale", [0.25, 1.0, 3.0])
+def test_an_explicit_scale_is_used_as_given(scale):
+    from specverify import ops
+
+    a = _op_inputs()
+    got = ops.paged_attention(**a, scale=scale, impl="torch")
+    want = reference.paged_attention(**{k: (v.double() if v.is_floating_point() else v).numpy() for k, v in a.items()},
+                                     region=0, scale=scale)
+    np.testing.assert_allclose(got.double().numpy(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_a_live_slot_past_the_pool_is_refused():
+    from specverify import ops
+
+    a = _op_inputs()
+    num_slots = a["k_cache"].shape[0]
+    a["req_to_token"] = a["req_to_token"].clone()
+    a["req_to_token"][1, 0] = num_slots            # row 1's first cache index is live (kv_len 5)
+    with pytest.raises(ValueError, match=rf"req_to_token entries of live cache indices must be slots in \[0, {num_slots}\)"):
+        ops.paged_attention(**a, impl="torch")
+    a["req_to_token"][1, 0] = num_slots - 1        # the last slot is a slot
+    ops.paged_attention(**a, impl="torch")

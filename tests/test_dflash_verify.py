@@ -277,3 +277,10 @@ def test_sampling_variant_at_one_hot_targets_is_the_greedy_verify(impl):
     _, n, bonus = dflash_sampling_verify(cand.to(DEV), probs.to(DEV), coins.to(DEV), final.to(DEV), impl)
     correct, greedy_bonus = run(cand.to(DEV), pred.to(DEV), impl)
     assert n.tolist() == correct and bonus.tolist() == greedy_bonus
+
+
+def test_a_bool_vocab_size_is_refused():
+    """True is an int to Python, not a vocabulary size (found by the first generated-mutant campaign)."""
+    c = torch.tensor([[1, 2, 3]])
+    with pytest.raises(TypeError, match=r"vocab_size must be an int >= 1 or None, got bool"):
+        ops.dflash_correct_drafts_and_bonus(candidates=c, target_predict=c, vocab_size=True)

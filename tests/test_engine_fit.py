@@ -136,3 +136,13 @@ def test_issue_boundary_at_full_context(spec, page_size, request):
                                                                page_size=page_size), max_new_tokens=max_new)
     assert_tokens_equal(out.tokens, reference.generate(models, prompts, max_new_tokens=max_new).tokens,
                         f"full context {spec} page={page_size}", request.node.nodeid)
+
+
+def test_the_mtp_models_have_three_heads_by_default():
+    """The default MTP draft has three heads: num_steps 3 runs, 4 is refused naming the bound
+    (found by the first generated-mutant campaign: nothing pinned the default)."""
+    models = specverify.build_models("tiny", compute_dtype="float64")
+    assert models.config.mtp_heads == 3 and len(models.mtp) == 3
+    specverify.generate(models, [[1, 2, 3]], spec=SpecConfig(algorithm="mtp", num_steps=3), max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"num_steps=4 exceeds the models' mtp_heads=3"):
+        specverify.generate(models, [[1, 2, 3]], spec=SpecConfig(algorithm="mtp", num_steps=4), max_new_tokens=2)

@@ -681,3 +681,10 @@ def test_a_one_step_tree_has_no_beam_rows(k):
     assert beam_flat.shape == (2, 0, k) and beam_flat.dtype == torch.int64
     assert kept_flat.tolist() == [list(range(k))] * 2
     assert kept_tokens.tolist() == idx0.tolist()
+
+
+def test_stochastic_verify_refuses_probs_that_are_not_a_tensor():
+    tree = chain_tree(torch.tensor([5]), torch.tensor([[1, 2]]), torch.tensor([3]))
+    coins = torch.zeros((1, 3), dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"target_probs must be a 3-D tensor \[bs, D, V\]"):
+        verify_stochastic(tree, [[[0.5, 0.5]] * 3], coins, torch.zeros(1, dtype=torch.float64), num_steps=2)

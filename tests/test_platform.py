@@ -204,3 +204,39 @@ def test_capturing_is_true_only_inside_a_capture_and_only_for_cuda():
     torch.cuda.synchronize()
     assert seen == {"none": True, "cuda": True, "cpu": False} and y.tolist() == [2.0] * 4
     assert P.capturing("cuda") is False
+
+
+@pytest.mark.cuda
+def test_an_emulated_profile_places_the_models_on_its_device():
+    """On a GPU box, build_models(platform="cpu") (or an emulated profile) without a device puts
+    the models on the profile's device, the CPU, not the native GPU."""
+    import specverify
+
+    for name in ("cpu", "rocm-emulated"):
+        models = specverify.build_models("tiny", platform=name, logits_dtype="float32")
+        assert models.device.type == "cpu", name
+
+
+@pytest.mark.cuda
+def test_draft_selection_checks_its_scale_device_and_stays_capturable():
+    """A scale on another device than the logits is refused by name; with a scale on the same
+    device, select_draft_topk is captured in a CUDA graph without reading the device back (its
+    value check is skipped inside the capture) and replays what the eager call computes."""
+    from specverify import ops
+
+    logits = torch.randn((3, 50), device="cuda")
+    with pytest.raises(ValueError, match=r"scale is on cpu, logits on cuda:0"):
+        ops.select_draft_topk(logits, 2, scale=torch.ones((3, 1)))
+    scale = torch.full((3, 1), 0.5, device="cuda")
+    want = ops.select_draft_topk(logits, 2, scale=scale)
+    stream, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ops.select_draft_topk(logits, 2, scale=scale)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        got = ops.select_draft_topk(logits, 2, scale=scale)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
