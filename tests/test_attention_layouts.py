@@ -84,5 +84,6 @@ def test_a_live_slot_past_the_pool_is_refused():
     a["req_to_token"][1, 0] = num_slots            # row 1's first cache index is live (kv_len 5)
     with pytest.raises(ValueError, match=rf"req_to_token entries of live cache indices must be slots in \[0, {num_slots}\)"):
         ops.paged_attention(**a, impl="torch")
-    a["req_to_token"][1, 0] = num_slots - 1        # the last slot is a slot
-    ops.paged_attention(**a, impl="torch")
+    for edge in (num_slots - 1, 0):                # the last slot and slot 0 are slots
+        a["req_to_token"][1, 0] = edge
+        ops.paged_attention(**a, impl="torch")

@@ -352,6 +352,20 @@ def test_a_run_without_junit_or_with_a_crash_is_broken(tmp_path):
     assert col["status"] == "passed" and not matrix.has_failures(col)
 
 
+def test_a_column_with_errors_only_has_failed(tmp_path):
+    """A run whose only problems are errors (a fixture or collection error, no failed assertion)
+    is a failed column, and the matrix counts it as failing (found by the first generated-mutant
+    campaign: every failing column of the tests also held a failed test)."""
+    prof = available_profiles()["cpu"]
+    log = dump(tmp_path / "pytest-cpu.log", "1 error\n")
+    junit = dump(tmp_path / "j.xml", '<testsuites><testsuite><testcase classname="t" name="a">'
+                                     '<error message="fixture broke"/></testcase></testsuite></testsuites>')
+    col = matrix._column("cpu", "x", prof, {}, "cmd", 1, 1.0, junit, tmp_path / "none.json", log)
+    assert col["status"] == "failed" and col["counts"]["error"] == 1 and col["counts"]["failed"] == 0
+    assert matrix.has_failures(col)
+    assert matrix.has_failures({"counts": {"error": 1}}) and not matrix.has_failures({"counts": {"passed": 2}})
+
+
 # ---------------------------------------------------------------------------------------------
 # classification (tests/matrix/classify.py, tests/matrix/features.toml)
 
