@@ -184,8 +184,9 @@ def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalent
 
 
 def merge(paths: list[Path]) -> tuple[list[gen.Site], dict[str, harness.Result], dict]:
-    """The sites and results of several parts' json reports (one campaign run in parts); a mutant
-    one part left unrun (budget) and another ran takes the run's result."""
+    """The sites and results of several parts' json reports (one campaign run in parts, then re-runs
+    of survivors on the slices written for them), in order: a later run replaces an earlier
+    survival or a budget's `not run`, and a kill on any slice stands (it witnesses a failing test)."""
     sites, results, meta = [], {}, {"seconds": 0}
     for path in paths:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -194,8 +195,8 @@ def merge(paths: list[Path]) -> tuple[list[gen.Site], dict[str, harness.Result],
         for m in data["mutants"]:
             site = gen.Site(m["file"], m["line"], m["operator"], m["target"], m["replacement"])
             earlier = results.get(site.ident)
-            if earlier is not None and m["status"] == harness.NOT_RUN:
-                continue                                     # a part that ran it beats one that did not
+            if earlier is not None and (m["status"] == harness.NOT_RUN or earlier.status == harness.KILLED):
+                continue           # a part that ran it beats one that did not; a kill on any slice stands
             if earlier is None and site.ident not in {s.ident for s in sites}:
                 sites.append(site)
             if m["status"] != "equivalent":
