@@ -653,3 +653,14 @@ def test_the_accept_tolerance_is_stated_in_the_docs_and_the_files():
     assert f"tolerance {tol}" in (golden.GOLDEN_DIR / "README.md").read_text(encoding="utf-8")
     files = sorted((golden.GOLDEN_DIR / "accept_lengths").glob("*.json"))
     assert files and all(json.loads(f.read_text(encoding="utf-8"))["tolerance"] == cat.ACCEPT_TOLERANCE for f in files)
+
+
+def test_a_golden_json_that_does_not_parse_is_not_the_same_file():
+    """Regeneration keeps a file whose json differs only in `made_with`; a file that does not
+    parse is never 'the same' (found by the first generated-mutant campaign)."""
+    from specverify.golden.regenerate import _same_but_versions
+
+    assert _same_but_versions(b'{"a": 1, "made_with": {"torch": "1"}}', b'{"a": 1, "made_with": {"torch": "2"}}')
+    assert not _same_but_versions(b'{"a": 1}', b'{"a": 2}')
+    assert not _same_but_versions(b"not json", b'{"a": 1}')
+    assert not _same_but_versions(b'{"a": 1}', b"\xff\xfe")

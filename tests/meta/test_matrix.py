@@ -444,3 +444,38 @@ def test_dtype_and_algorithm_choices_are_checked():
         C.parse_filter("--sv-algorithms", "eagle,medusa", C.ALGORITHMS)
     assert set(ALL_PROFILE_NAMES) == set(matrix.PROFILE_ORDER)
     assert matrix.check_names("--dtypes", ["float32,bfloat16", "float32"], [*DTYPES]) == ["float32", "bfloat16"]
+
+
+def test_profiles_option_with_no_name_is_refused():
+    from specverify.matrix.checks import check_profiles
+
+    with pytest.raises(matrix.MatrixError, match=r"^--profiles: no profile named$"):
+        check_profiles([" , "])
+
+
+def test_a_record_that_is_not_an_object_is_refused_by_name(tmp_path):
+    doc = report("x", [column("cpu", "x", [record("t::a", "passed")])])
+    doc["columns"][0]["records"][0] = 5
+    path = tmp_path / "matrix.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(matrix.MatrixError, match=r"columns\[0\]: records\[0\] lacks one of"):
+        matrix.load_report(path)
+
+
+def test_the_terminal_table_has_its_rule_under_the_header():
+    text = matrix.render_text(report("x", [column("cpu", "x", [record("t::a", "passed")])]))
+    lines = text.splitlines()
+    assert lines[0] == "cells: passed/failed/skipped/xfailed"
+    assert lines[1].split() == ["feature", "dtype", "cpu"]
+    assert set(lines[2].replace(" ", "")) == {"-"}
+    assert lines[-1].split()[0] == "TOTAL"
+
+
+def test_a_long_failure_message_is_cut_at_its_limit(tmp_path):
+    from specverify.matrix.junit import parse_junit
+
+    long = "x" * 2500
+    junit = dump(tmp_path / "j.xml", f'<testsuites><testsuite><testcase classname="t" name="a">'
+                                     f'<failure message="{long}"/></testcase></testsuite></testsuites>')
+    [rec] = parse_junit(junit)
+    assert rec["message"] == "x" * 2000 + "..."
