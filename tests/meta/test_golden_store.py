@@ -446,6 +446,10 @@ BREAKS = {
                       "field 'outputs' missing"),
     "meta-rules-missing": (lambda j, z: _edit_json(j, lambda d: d["meta"].pop("rules")), golden.GoldenFieldMissing,
                            "field 'meta.rules' missing"),
+    "meta-tolerance-not-a-table": (lambda j, z: _edit_json(j, lambda d: d["meta"].update(tolerance="float32")),
+                                   golden.GoldenCorrupt, "names no dtype of the tolerance table"),
+    "meta-tolerance-unknown-dtype": (lambda j, z: _edit_json(j, lambda d: d["meta"].update(tolerance={"dtype": "int4"})),
+                                     golden.GoldenCorrupt, "names no dtype of the tolerance table"),
     "format-version-unknown": (lambda j, z: _edit_json(j, lambda d: d.update(format_version=99)),
                                golden.GoldenVersionUnknown, "format version 99 is unknown"),
     "not-a-golden": (lambda j, z: j.write_text("[1, 2]\n", encoding="utf-8"), golden.GoldenCorrupt, "not a golden object"),
@@ -664,3 +668,69 @@ def test_a_golden_json_that_does_not_parse_is_not_the_same_file():
     assert not _same_but_versions(b'{"a": 1}', b'{"a": 2}')
     assert not _same_but_versions(b"not json", b'{"a": 1}')
     assert not _same_but_versions(b'{"a": 1}', b"\xff\xfe")
+
+
+def test_list_shows_each_golden_on_disk_and_the_baselines_under_any_filter(capsys, tmp_path):
+    """`golden list`: every golden with where it is, and the accept-length baselines whatever the
+    filter (they are not goldens a filter selects; found by the first generated-mutant campaign)."""
+    from specverify import cli
+
+    assert cli.main(["golden", "list", "--filter", "e2e/target/*"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cases = [ln for ln in lines if ln.startswith("e2e/target/")]
+    assert cases and all("[on disk]" in ln for ln in cases), lines
+    assert any(ln.startswith("accept_lengths/") for ln in lines), lines
+    assert cli.main(["golden", "list", "--root", str(tmp_path), "--filter", "e2e/target/*"]) == 0
+    assert all("[MISSING]" in ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("e2e/target/"))
+
+
+def test_the_optimized_side_runs_on_the_profile_it_is_given(tmp_path):
+    """run_side(OPTIMIZED, profile=P) checks on P, not on the running machine's profile (found by
+    the first generated-mutant campaign: every test passed the native profile or none)."""
+    from specverify.platform import get_profile
+
+    regen(tmp_path)
+    for name in ("cuda-emulated", "rocm-emulated"):
+        try:
+            r = golden.run_side(SYN, golden.OPTIMIZED, tmp_path, get_profile(name))
+        except ValueError as e:                     # the case does not apply there: the message says where
+            assert name in str(e), str(e)
+            continue
+        assert r.side == f"optimized-{name}", r.side
+
+
+def test_a_member_at_the_4gib_offset_is_refused_as_too_large(monkeypatch):
+    """A plain zip stores offsets in 32 bits and 0xFFFFFFFF means 'see zip64': a member starting
+    exactly there is refused, found by the first generated-mutant campaign. The stream pretends to
+    be 4 GiB long (its tell() is shifted) instead of writing 4 GiB."""
+    import io
+    import types
+
+    from specverify.golden import files
+
+    first = ("a.npy", b"x" * 10)
+    shift = 0xFFFFFFFF - (30 + len(first[0]) + len(first[1]))
+
+    class Far(io.BytesIO):
+        def tell(self):
+            return super().tell() + shift
+
+    monkeypatch.setattr(files, "io", types.SimpleNamespace(BytesIO=Far))
+    with pytest.raises(ValueError, match=r"golden npz member b\.npy is too large for a plain zip"):
+        files._zip_stored([first, ("b.npy", b"y")])
+
+
+def test_a_version_difference_is_one_note_under_the_table(tmp_path):
+    """A golden made with other library versions is still compared; the difference is reported
+    once, as a note under the table, not in its row (found by the first generated-mutant campaign)."""
+    regen(tmp_path)
+    jpath, _ = golden.golden_paths(tmp_path, SYN.name)
+    _edit_json(jpath, lambda d: d["made_with"].update(torch="0.0"))
+    report = tmp_path / "check.txt"
+    with open(report, "w", encoding="utf-8") as f:
+        golden.check(SYNTHETIC, tmp_path, out=f)
+    lines = report.read_text(encoding="utf-8").splitlines()
+    notes = [ln for ln in lines if ln.startswith("note: made with torch 0.0")]
+    assert len(notes) == 1 and notes[0].endswith("compared anyway"), lines
+    row = next(ln for ln in lines if ln.startswith(SYN.name))
+    assert "compared anyway" not in row, row

@@ -479,3 +479,68 @@ def test_a_long_failure_message_is_cut_at_its_limit(tmp_path):
                                      f'<failure message="{long}"/></testcase></testsuite></testsuites>')
     [rec] = parse_junit(junit)
     assert rec["message"] == "x" * 2000 + "..."
+
+
+def test_only_a_broken_column_is_reported_as_a_failed_run():
+    ok = column("cpu", "x", [record("t::a", "passed")])
+    broken = dict(column("rocm-emulated", "x", []), status="broken", note="pytest exited 4")
+    page = matrix.render_html(report("x", [ok, broken]))
+    assert page.count("the pytest run itself failed") == 1
+    assert "rocm-emulated: the pytest run itself failed</b>: pytest exited 4" in page
+
+
+@pytest.mark.parametrize("argv, passed", [
+    (["--", "-k", "generate"], ["-k", "generate"]),
+    (["--", "--", "-x"], ["--", "-x"]),
+])
+def test_pytest_arguments_reach_the_run_with_the_separator_dropped(monkeypatch, argv, passed):
+    """Everything after the matrix options goes to pytest; a leading `--` is only a separator."""
+    import specverify.matrix.cli as mcli
+    from specverify import cli
+
+    seen = {}
+    monkeypatch.setattr(mcli, "run", lambda **kw: seen.update(kw) or 0)
+    assert cli.main(["matrix", "--profiles", "cpu", *argv]) == 0
+    assert seen["pytest_args"] == passed
+
+
+def test_the_inherited_cpu_capability_is_kept(monkeypatch):
+    from specverify.matrix.checks import check_capabilities
+
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    [(value, used)] = check_capabilities(None)
+    assert (value, used) == ("default", "default")
+
+
+def test_a_run_reports_through_the_callers_say(monkeypatch, tmp_path):
+    """What a run has to say goes to the caller's `say`, not to stdout (found by the first
+    generated-mutant campaign); the pytest child is replaced by a crash so nothing runs."""
+    import specverify.matrix.runner as runner
+
+    monkeypatch.setattr(runner, "run_profile", lambda *a, **k: (4, 0.1))
+    lines = []
+    rc = runner.run(profiles=["cpu"], dtypes=None, algorithms=None, out=tmp_path, label="x", workers="1",
+                    expectations=None, root=ROOT, pytest_args=[], say=lines.append)
+    assert rc == 1 and lines and any("cpu" in line for line in lines), lines
+
+
+def test_a_column_records_the_capability_its_run_used(monkeypatch, tmp_path):
+    """The child's own record of its CPU capability is what the column keeps; one that differs from
+    the probe made before the run marks the column broken (found by the first generated-mutant
+    campaign). The child is replaced by one that writes a JUnit file and an expectations sidecar."""
+    import specverify.matrix.runner as runner
+
+    def child(profile, cmd, root, log, interval, say, capability=None):
+        dump(tmp_path / "junit-cpu.xml", '<testsuites><testsuite><testcase classname="t" name="a"/></testsuite>'
+                                         '</testsuites>')
+        (tmp_path / "expectations-cpu.json").write_text(json.dumps({"environment": {"cpu_capability": "zzz"}}),
+                                                         encoding="utf-8")
+        log.write_text("1 passed\n", encoding="utf-8")
+        return 0, 0.1
+
+    monkeypatch.setattr(runner, "run_profile", child)
+    runner.run(profiles=["cpu"], dtypes=None, algorithms=None, out=tmp_path, label="x", workers="1",
+               expectations=None, root=ROOT, pytest_args=[], say=lambda line: None)
+    [col] = json.loads((tmp_path / "matrix.json").read_text(encoding="utf-8"))["columns"]
+    assert col["cpu_capability"] == "zzz" and col["status"] == "broken", col
+    assert "the run used CPU capability 'zzz'" in col["note"]
