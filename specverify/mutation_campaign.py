@@ -190,7 +190,10 @@ def merge(paths: list[Path]) -> tuple[list[gen.Site], dict[str, harness.Result],
     sites, results, meta = [], {}, {"seconds": 0}
     for path in paths:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        meta.update(seed=data["seed"], per_module=data["per_module"], machine=data["machine"])
+        machines = meta.setdefault("machines", [])
+        if data["machine"] not in machines:
+            machines.append(data["machine"])
+        meta.update(seed=data["seed"], per_module=data["per_module"], machine="; ".join(machines))
         meta["seconds"] += data["seconds"]
         for m in data["mutants"]:
             site = gen.Site(m["file"], m["line"], m["operator"], m["target"], m["replacement"])
