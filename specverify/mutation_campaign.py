@@ -176,11 +176,17 @@ def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalent
         lines += ["", "## Stale or malformed triage entries", "", *[f"- {p}" for p in triage_problems]]
     data = {"seed": seed, "per_module": per_module, "seconds": round(seconds), "machine": where,
             "modules": summary,
-            "mutants": [{"id": s.ident, "file": s.file, "line": s.line, "operator": s.operator, "target": s.target,
-                         "replacement": s.replacement, "status": st, "test": r.test if r else None,
-                         "detail": r.detail if r else "", "seconds": round(r.seconds, 1) if r else 0.0}
-                        for got in per.values() for s, st, r in got]}
+            "mutants": [part_record(s, st, r) for got in per.values() for s, st, r in got]}
     return "\n".join(lines) + "\n", data
+
+
+def part_record(site: gen.Site, status: str, result: harness.Result | None, detail: str | None = None) -> dict:
+    """One mutant of a part's json (what `merge` reads back): the site, its status and its run."""
+    return {"id": site.ident, "file": site.file, "line": site.line, "operator": site.operator,
+            "target": site.target, "replacement": site.replacement, "status": status,
+            "test": result.test if result else None,
+            "detail": detail if detail is not None else (result.detail if result else ""),
+            "seconds": round(result.seconds, 1) if result else 0.0}
 
 
 def merge(paths: list[Path]) -> tuple[list[gen.Site], dict[str, harness.Result], dict]:
@@ -269,9 +275,7 @@ def rerun_part(parts: list[Path], ids: list[str], tests: tuple[str, ...], out: P
                        progress=lambda line: print(line, flush=True))
     data = {"seed": meta["seed"], "per_module": meta["per_module"], "machine": machine(),
             "seconds": round(time.monotonic() - start),
-            "mutants": [{"id": s.ident, "file": s.file, "line": s.line, "operator": s.operator, "target": s.target,
-                         "replacement": s.replacement, "status": res[s.ident].status, "test": res[s.ident].test,
-                         "detail": f"re-run on {' '.join(tests)}", "seconds": round(res[s.ident].seconds, 1)}
+            "mutants": [part_record(s, res[s.ident].status, res[s.ident], f"re-run on {' '.join(tests)}")
                         for s in chosen]}
     out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return res
