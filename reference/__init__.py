@@ -34,6 +34,7 @@ from reference.dflash import dflash_correct_drafts_and_bonus
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
+from reference.layers import add_rmsnorm, rotary_kv_write, silu_mul
 from reference.logits import ConvertedLogits, convert_logits, greedy_token, row_scale
 from reference.model import forward, forward_logits, recurrent_states, tree_node_logits
 from reference.naive_eagle_kv import create_draft_kv_indices
@@ -71,6 +72,7 @@ __all__ = [
     "RefTree",
     "ReferenceOutput",
     "TokenLogprob",
+    "add_rmsnorm",
     "build_tree",
     "convert_logits",
     "counter_uniform",
@@ -98,9 +100,11 @@ __all__ = [
     "packed_decode",
     "packed_header",
     "paged_attention",
+    "rotary_kv_write",
     "row_scale",
     "sample_token",
     "select_draft_topk",
+    "silu_mul",
     "split_header",
     "stochastic_verify",
     "topk_order",

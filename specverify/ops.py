@@ -18,6 +18,7 @@ from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import pick_impl
 from specverify.kernels.state_scatter import state_scatter_impl
 from specverify.kernels.tree import _raise_first
+from specverify.layer_ops import add_rmsnorm, rotary_kv_write, silu_mul  # noqa: F401  (public ops)
 from specverify.platform import PlatformProfile, capturing, check_fp8_format, resolve
 
 

@@ -126,9 +126,11 @@ def _acc_dtype(q: torch.Tensor) -> torch.dtype:
 
 
 def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region, scale,
-                         impl: str = "auto", block_n: int = BLOCK_N) -> torch.Tensor:
+                         impl: str = "auto", block_n: int = BLOCK_N, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The kernel wrapper behind `specverify.ops.paged_attention` (inputs already checked).
     tree_mask: bool or int8 (the engine converts it once per forward, not per layer).
+    out_dtype: the Triton path's output dtype (default float32): the kernel rounds its float32
+    result once on the store, as `.to(out_dtype)` would, without a separate cast kernel.
 
     float64 queries always take the torch path (the Triton kernel accumulates in float32); on a
     GPU that path reads the longest live length back, so it is a precision mode, not a fast one."""
@@ -140,7 +142,7 @@ def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_len
     nkv = k_cache.shape[1]
     group = nh // nkv
     # Every (request, query lane, head) is stored by the kernel (zeros for padded lanes).
-    out = torch.empty((n, nq, nh, hd), dtype=torch.float32, device=q.device)
+    out = torch.empty((n, nq, nh, hd), dtype=out_dtype or torch.float32, device=q.device)
     if n == 0 or nq == 0:
         return out
     block_m = max(16, triton.next_power_of_2(group * nq))

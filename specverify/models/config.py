@@ -70,7 +70,10 @@ TINY_HYBRID_LAYERS = 3
 
 
 def preset(name: str, *, hybrid: bool = False) -> ModelConfig:
-    """`tiny`: CPU tests (a 64-token generation well under a second). `small`: GPU benchmarks."""
+    """`tiny`: CPU tests (a 64-token generation well under a second). `small`: GPU benchmarks, a
+    launch-bound target (~80 MB of bfloat16 weights). `medium`: GPU benchmarks and `gpu`-marked
+    tests only, a memory-bound target (~2.5 GB of bfloat16 weights, 24 layers; its one-layer draft
+    head and the lm_head it shares cost about a tenth of a target step per draft forward)."""
     if name == "tiny":
         layers = TINY_HYBRID_LAYERS if hybrid else 2
         return ModelConfig(vocab_size=389, hidden_size=64, num_layers=layers, num_heads=4, num_kv_heads=2,
@@ -81,7 +84,17 @@ def preset(name: str, *, hybrid: bool = False) -> ModelConfig:
                            head_dim=64, intermediate_size=1408, max_context=4096,
                            layer_kinds=_layer_kinds(8, hybrid), num_rec_heads=4, rec_key_dim=32,
                            rec_value_dim=64, init_std=1.0)
-    raise ValueError(f"preset {name!r} is unknown; expected 'tiny' or 'small'")
+    if name == "medium":
+        return ModelConfig(vocab_size=32000, hidden_size=2048, num_layers=MEDIUM_LAYERS, num_heads=16, num_kv_heads=8,
+                           head_dim=128, intermediate_size=5632, max_context=2048,
+                           layer_kinds=_layer_kinds(MEDIUM_LAYERS, hybrid), num_rec_heads=8, rec_key_dim=64,
+                           rec_value_dim=128, init_std=1.0)
+    raise ValueError(f"preset {name!r} is unknown; expected one of {PRESETS}")
+
+
+PRESETS = ("tiny", "small", "medium")
+GPU_ONLY_PRESETS = ("medium",)   # float64 masters of ~10 GB: never built for a CPU device
+MEDIUM_LAYERS = 24
 
 
 MAX_SEED = 2**32 - 1    # seeds are 32-bit: every derived generator seed stays inside torch's range
@@ -94,7 +107,7 @@ def check_build_args(*, preset, seed, hybrid, compute_dtype, logits_dtype, logit
     from specverify.platform import PlatformProfile, check_device, check_fp8_format, resolve
     from specverify.validation import check_bool, check_choice, check_int, check_real
 
-    check_choice("preset", preset, ("tiny", "small"))
+    check_choice("preset", preset, PRESETS)
     check_int("seed", seed, 0, MAX_SEED)
     check_bool("hybrid", hybrid)
     check_choice("compute_dtype", compute_dtype, compute_dtypes)
@@ -113,6 +126,11 @@ def check_build_args(*, preset, seed, hybrid, compute_dtype, logits_dtype, logit
         check_fp8_format("logits_dtype", logits_dtype, profile)
     if device is not None:
         check_device(device)     # TypeError / ValueError / ProfileUnavailable naming `device`
+    target_device = device if device is not None else (profile or resolve(None)).device
+    if preset in GPU_ONLY_PRESETS and not str(target_device).startswith("cuda"):
+        raise ValueError(f"preset {preset!r} is for GPU benchmarks and gpu-marked tests only (its float64 "
+                         f"masters take ~10 GB and minutes to build); device is {target_device!r}: pass "
+                         f"device='cuda' or use preset 'tiny' or 'small'")
     return profile
 
 

@@ -38,6 +38,8 @@ class DraftHead:
         self.lm_head = target_w["lm_head"]
         self.rotary = layers.RotaryTable(config.max_context, config.head_dim, config.rope_theta, self.device)
         layers.fuse_qkv(self.w, "layer")
+        if layers.fused_path(self.device, dtype):
+            layers.fuse_mlp(self.w, "layer")
 
     def hidden_states(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor) -> torch.Tensor:
         """The head's network without its final norm and lm_head: writes the new tokens' K/V into
@@ -46,13 +48,13 @@ class DraftHead:
         pays for no full-vocabulary matmul."""
         cfg, w = self.config, self.w
         x = torch.cat([self.embed[batch.input_ids], features.to(self.embed.dtype)], dim=-1) @ w["fc"]
-        n = layers.rmsnorm(x, w["layer.attn_norm"], cfg.norm_eps)
+        n, _ = layers.add_rmsnorm(x, None, w["layer.attn_norm"], cfg.norm_eps)
         table = cache.table.req_to_token
-        x = x + layers.attention(n, w, "layer", batch, cache.draft_kv.k[self.kv_layer],
-                                 cache.draft_kv.v[self.kv_layer], table,
-                                 layers.plan_attention(batch, table, self.rotary, x.dtype),
+        mixed = layers.attention(n, w, "layer", batch, cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer],
+                                 table, layers.plan_attention(batch, table, self.rotary, x.dtype),
                                  num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
-        return x + layers.swiglu_mlp(x, w, "layer", cfg.norm_eps)
+        n, x = layers.add_rmsnorm(x, mixed, w["layer.mlp_norm"], cfg.norm_eps)
+        return x + layers.swiglu_mlp(n, w, "layer")
 
     def compute_logits(self, cache: ModelCache, batch: layers.Batch,
                        features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +63,8 @@ class DraftHead:
         Returns (logits [bs, q, V] in the compute dtype, hidden [bs, q, H]); writes the new
         tokens' K/V into the draft cache."""
         x = self.hidden_states(cache, batch, features)
-        return layers.rmsnorm(x, self.w["final_norm"], self.config.norm_eps) @ self.lm_head, x
+        n, _ = layers.add_rmsnorm(x, None, self.w["final_norm"], self.config.norm_eps)
+        return n @ self.lm_head, x
 
     def deliver(self, logits: torch.Tensor, hidden: torch.Tensor) -> ForwardOutput:
         """Compute-dtype logits [bs, q, V] -> the forward's output in the logits dtype."""

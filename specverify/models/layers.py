@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from specverify.kernels.attention import paged_attention_impl
-from specverify.ops import decode_attention_indexed
+from specverify.kernels.fused_layers import rotate_half, runs_triton
+from specverify.ops import add_rmsnorm as _add_rmsnorm_op, decode_attention_indexed, rotary_kv_write, silu_mul
 from specverify.models.kv_cache import SINK_SLOT
 
 
@@ -22,8 +23,30 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def swiglu_mlp(x: torch.Tensor, w: dict, prefix: str, eps: float) -> torch.Tensor:
-    n = rmsnorm(x, w[f"{prefix}.mlp_norm"], eps)
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(normed, sum) of the residual stream x plus a sublayer's output (None: nothing to add): one
+    fused kernel on a GPU (`ops.add_rmsnorm`), the add and torch's rms_norm elsewhere."""
+    return _add_rmsnorm_op(x, weight, residual=residual, eps=eps)
+
+
+def fused_path(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model on `device` computing in `dtype` runs the fused Triton layer kernels (CUDA,
+    16 / 32-bit floats); elsewhere the layers run the torch ops they always ran."""
+    return runs_triton("auto", device, dtype)
+
+
+def fuse_mlp(w: dict, prefix: str) -> None:
+    """Add `{prefix}.w_gate_up`, the gate and up projections side by side: one matmul, then
+    `ops.silu_mul` (the fused path only)."""
+    w[f"{prefix}.w_gate_up"] = torch.cat([w[f"{prefix}.w_gate"], w[f"{prefix}.w_up"]], dim=1)
+
+
+def swiglu_mlp(n: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
+    """The MLP of the normed input n: (silu(n W_gate) * (n W_up)) W_down."""
+    fused = w.get(f"{prefix}.w_gate_up")
+    if fused is not None:
+        return silu_mul(n @ fused) @ w[f"{prefix}.w_down"]
     return (F.silu(n @ w[f"{prefix}.w_gate"]) * (n @ w[f"{prefix}.w_up"])) @ w[f"{prefix}.w_down"]
 
 
@@ -49,10 +72,7 @@ class RotaryTable:
 
 def rope(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """x: [bs, q, heads, hd]; rotary: (cos, sin) [bs, q, 1, hd/2] of x's positions, in x's dtype."""
-    cos, sin = rotary
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return rotate_half(x, *rotary)
 
 
 @dataclasses.dataclass
@@ -101,16 +121,24 @@ def chain_mask(bs: int, q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 class AttentionPlan:
     """What every attention layer of one forward shares, computed once per forward: the RoPE
     cos / sin of its positions, the slots its new tokens write, and the tree mask as the kernel
-    reads it (int8)."""
-    rotary: tuple[torch.Tensor, torch.Tensor]
+    reads it (int8). On the fused path the rotary kernel reads the tables itself at `positions`
+    (flattened, clamped to the table), and `rotary` is None."""
+    rotary: tuple[torch.Tensor, torch.Tensor] | None
     slots: torch.Tensor          # [bs * q] token slot of each new token (padding: the sink)
     tree_mask: torch.Tensor      # [bs, q, region + q] int8
     kv_index_list: tuple[torch.Tensor, torch.Tensor] | None = None   # Batch.kv_index_list
+    positions: torch.Tensor | None = None                            # [bs * q] (fused path)
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None          # RotaryTable's (cos, sin) (fused path)
 
 
 def plan_attention(batch: Batch, req_to_token: torch.Tensor, rotary: RotaryTable, dtype: torch.dtype) -> AttentionPlan:
-    return AttentionPlan(rotary.at(batch.positions, dtype), batch.new_slots(req_to_token).flatten(),
-                         batch.tree_mask.to(torch.int8), batch.kv_index_list)
+    slots = batch.new_slots(req_to_token).flatten()
+    mask = batch.tree_mask.to(torch.int8)
+    if fused_path(req_to_token.device, dtype):
+        return AttentionPlan(None, slots, mask, batch.kv_index_list,
+                             positions=batch.positions.flatten().clamp(0, rotary.size - 1),
+                             tables=(rotary.cos, rotary.sin))
+    return AttentionPlan(rotary.at(batch.positions, dtype), slots, mask, batch.kv_index_list)
 
 
 def fuse_qkv(w: dict, prefix: str) -> None:
@@ -123,13 +151,20 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
               num_kv_heads: int, head_dim: int) -> torch.Tensor:
     # x: [bs, q, H] normed input; k_cache / v_cache: [slots, nkv, hd]; w holds `{prefix}.wqkv`.
     bs, q, _ = x.shape
-    qkv = (x @ w[f"{prefix}.wqkv"]).view(bs, q, num_heads + 2 * num_kv_heads, head_dim)
-    # RoPE on the query and key heads together, then the three apart (views).
-    qk = rope(qkv[:, :, :num_heads + num_kv_heads], plan.rotary)
-    qh, kh = qk[:, :, :num_heads], qk[:, :, num_heads:]
-    vh = qkv[:, :, num_heads + num_kv_heads:]
-    k_cache[plan.slots] = kh.reshape(-1, num_kv_heads, head_dim).to(k_cache.dtype)
-    v_cache[plan.slots] = vh.reshape(-1, num_kv_heads, head_dim).to(v_cache.dtype)
+    qkv = x @ w[f"{prefix}.wqkv"]
+    if plan.rotary is None:
+        # Fused: RoPE on the query and key heads and the K / V write in one kernel.
+        qh = rotary_kv_write(qkv=qkv.view(bs * q, num_heads + 2 * num_kv_heads, head_dim), positions=plan.positions,
+                             cos=plan.tables[0], sin=plan.tables[1], k_cache=k_cache, v_cache=v_cache,
+                             slots=plan.slots, num_q_heads=num_heads, checked=False).view(bs, q, num_heads, head_dim)
+    else:
+        qkv = qkv.view(bs, q, num_heads + 2 * num_kv_heads, head_dim)
+        # RoPE on the query and key heads together, then the three apart (views).
+        qk = rope(qkv[:, :, :num_heads + num_kv_heads], plan.rotary)
+        qh, kh = qk[:, :, :num_heads], qk[:, :, num_heads:]
+        vh = qkv[:, :, num_heads + num_kv_heads:]
+        k_cache[plan.slots] = kh.reshape(-1, num_kv_heads, head_dim).to(k_cache.dtype)
+        v_cache[plan.slots] = vh.reshape(-1, num_kv_heads, head_dim).to(v_cache.dtype)
 
     scale = 1.0 / math.sqrt(head_dim)
     if plan.kv_index_list is not None:
@@ -139,9 +174,10 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
                                        kv_indices, scale=scale, checked=False)
         return out.to(x.dtype).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
     # Paged attention over the slot pool: each request reads its live length from the device, so
-    # the cost follows the live lengths (not max_context) also inside a captured graph.
+    # the cost follows the live lengths (not max_context) also inside a captured graph. The kernel
+    # stores its float32 result rounded to x's dtype (what `.to` would give).
     out = paged_attention_impl(qh, k_cache, v_cache, req_to_token, batch.rows, batch.kv_lens, batch.q_lens,
-                               plan.tree_mask, batch.region, scale)
+                               plan.tree_mask, batch.region, scale, out_dtype=x.dtype)
     return out.to(x.dtype).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
 
 

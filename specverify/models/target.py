@@ -56,6 +56,9 @@ class TargetModel:
         self.rotary = layers.RotaryTable(config.max_context, config.head_dim, config.rope_theta, self.device)
         for i in self.attn_layers:
             layers.fuse_qkv(self.w, f"layers.{i}")
+        if layers.fused_path(self.device, self.dtype):
+            for i in range(config.num_layers):
+                layers.fuse_mlp(self.w, f"layers.{i}")
 
     def new_cache(self, *, max_requests: int, page_size: int = 1, num_pages: int | None = None,
                   with_draft: bool = True, draft_layers: int = 1) -> ModelCache:
@@ -92,9 +95,10 @@ class TargetModel:
             rec_states = h.new_empty((len(self.rec_layers), bs, q, cfg.num_rec_heads, cfg.rec_key_dim,
                                       cfg.rec_value_dim))
             conv_states = h.new_empty((len(self.rec_layers), bs, q, cfg.rec_conv_width - 1, cfg.rec_channels))
+        pending = None      # the last sublayer's output, added to h by the next fused add + norm
         for i, kind in enumerate(cfg.layer_kinds):
             p = f"layers.{i}"
-            n = layers.rmsnorm(h, w[f"{p}.attn_norm"], cfg.norm_eps)
+            n, h = layers.add_rmsnorm(h, pending, w[f"{p}.attn_norm"], cfg.norm_eps)
             if kind == "attention":
                 a = self.attn_layers.index(i)
                 mixed = layers.attention(n, w, p, batch, cache.kv.k[a], cache.kv.v[a], cache.table.req_to_token,
@@ -105,14 +109,15 @@ class TargetModel:
                 mixed = layers.recurrent(n, w, p, batch, cache.states.state[r], cache.states.conv[r],
                                          inter=rec_states[r], conv_inter=conv_states[r], num_heads=cfg.num_rec_heads,
                                          key_dim=cfg.rec_key_dim, value_dim=cfg.rec_value_dim)
-            h = h + mixed
-            h = h + layers.swiglu_mlp(h, w, p, cfg.norm_eps)
+            n, h = layers.add_rmsnorm(h, mixed, w[f"{p}.mlp_norm"], cfg.norm_eps)
+            pending = layers.swiglu_mlp(n, w, p)
         if commit_state and rec_states is not None:
             # Each layer read only its own committed state above, so all commit here at once: the
             # state after each request's last new token (a lane without new tokens commits nothing).
             last = torch.where(batch.q_lens > 0, batch.q_lens - 1, -1)
             for dst, src in ((cache.states.stacked, rec_states), (cache.states.conv_stacked, conv_states)):
                 mamba_state_scatter(dst=dst, src=src, dst_indices=batch.rows, step_indices=last, checked=False)
-        logits = layers.rmsnorm(h, w["final_norm"], cfg.norm_eps) @ w["lm_head"]
+        n, h = layers.add_rmsnorm(h, pending, w["final_norm"], cfg.norm_eps)
+        logits = n @ w["lm_head"]
         values, scale = deliver_logits(logits, cfg)
         return ForwardOutput(values, scale, h, rec_states, conv_states)

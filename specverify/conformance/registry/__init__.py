@@ -12,10 +12,10 @@ from specverify.conformance.registry.core import (  # noqa: F401
     load_impl, missing_op, on_device, replay_command, run_impl, select_samples, validate_record,
 )
 from specverify.conformance.registry import (
-    attention, dflash, protocol, sampling, selection, state_commit, tree_verify,
+    attention, dflash, layers, protocol, sampling, selection, state_commit, tree_verify,
 )
 
-FAMILIES = (selection, tree_verify, dflash, sampling, attention, state_commit, protocol)
+FAMILIES = (selection, tree_verify, dflash, sampling, attention, state_commit, protocol, layers)
 
 # The records in the order the tests list them (golden files and test ids name ops, not positions).
 ORDER = ("select_draft_topk", "draft_tree", "verify_greedy", "verify_stochastic", "verify_naive", "sampling_probs",
@@ -23,7 +23,8 @@ ORDER = ("select_draft_topk", "draft_tree", "verify_greedy", "verify_stochastic"
          "paged_attention", "paged_attention_triton", "create_draft_kv_indices", "create_draft_kv_indices_triton",
          "decode_attention_indexed", "decode_attention_indexed_triton", "mamba_state_scatter",
          "mamba_state_scatter_triton", "message_codec", "dflash_correct_drafts_and_bonus",
-         "dflash_correct_drafts_and_bonus_triton")
+         "dflash_correct_drafts_and_bonus_triton", "add_rmsnorm", "add_rmsnorm_triton", "rotary_kv_write",
+         "rotary_kv_write_triton", "silu_mul", "silu_mul_triton")
 
 
 def _assemble() -> dict[str, OpSpec]:

@@ -1,0 +1,329 @@
+"""The fused layer ops (docs/semantics.md 6.11-6.13): residual add + RMSNorm, rotary embedding +
+paged K/V write, SiLU-gated activation.
+
+Records of the op registry (specverify/conformance/registry/__init__.py). The torch records go
+through the public op (the unfused torch maths the CPU model runs), float32 and float64; the
+Triton records through the kernel wrapper (interpreted on the CPU), float32, float16 and
+bfloat16. Each op rounds its float32 result once to the output dtype, so the outputs compare by
+the float16 entry of the tolerance table (1e-2 absolute and relative: above one bfloat16 rounding,
+2**-8 relative, and far below what a wrong divisor, pairing, sign, slot or head makes). Cache
+entries no token writes must keep their values exactly: the caches compare in full.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import reference
+from specverify import dtypes, ops
+from specverify.conformance import strategies as S
+from specverify.conformance.registry.core import CLOSE, ErrorInput, OpSpec, SampleInput, only
+from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_impl, silu_mul_impl
+
+TORCH_DTYPES = only("float32", "float64")
+TRITON_DTYPES = only("float32", "float16", "bfloat16")
+LAYER_TOLERANCE = "float16"
+SPECIALS = (float("nan"), float("inf"), -float("inf"), -0.0)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return dtypes.dtype_info(name).torch_dtype
+
+
+def _grid(gen, shape, lo: int = -1024, hi: int = 1025, denom: int = 256) -> torch.Tensor:
+    """float64 multiples of 1 / denom in [lo, hi) / denom: exact in every dtype's cast."""
+    return torch.randint(lo, hi, shape, generator=gen).double() / denom
+
+
+def _with_specials(gen, x: torch.Tensor, fraction: float) -> torch.Tensor:
+    pick = torch.randint(0, len(SPECIALS), x.shape, generator=gen)
+    hit = S.coins(gen, x.shape, fraction)
+    return torch.where(hit, torch.tensor(SPECIALS, dtype=torch.float64)[pick], x)
+
+
+def _ulp_pairs(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in dtype with every odd entry of the last dim the next value above its even neighbour."""
+    y = S.cast(x, dtype).clone()
+    y[..., 1::2] = torch.nextafter(y[..., 0:-1:2][..., :y[..., 1::2].shape[-1]], torch.tensor(float("inf"), dtype=dtype))
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
+# add_rmsnorm: sum = x + residual (rounded to x's dtype), normed = sum * rsqrt(mean(sum^2) + eps) * w
+
+def _arn_sample(name, seed, dtype, *, rows, hidden, residual=True, eps=1e-6, kind="plain") -> SampleInput:
+    gen = torch.Generator().manual_seed(seed)
+    t = _torch_dtype(dtype)
+    x = S.normalish(gen, (rows, hidden))
+    r = S.normalish(gen, (rows, hidden))
+    if kind == "nan":
+        x = _with_specials(gen, x, 0.05)
+    elif kind == "tiny":            # mean(x^2) near eps: where eps sits decides the result
+        x, r = x / 1024, r / 1024
+    w = 0.5 + _grid(gen, (hidden,), 0, 385, 256)                      # weights in [0.5, 2)
+    xs = _ulp_pairs(x, t) if kind == "ulp" else S.cast(x, t)
+    args = {"x": xs, "weight": S.cast(w, t), "residual": S.cast(r, t) if residual else None, "eps": eps}
+    return SampleInput(name, args, seed)
+
+
+def _arn_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        a = s.args
+        if which == "triton":
+            normed, total = add_rmsnorm_impl(a["x"], a["residual"], a["weight"], a["eps"], "triton")
+        else:
+            normed, total = ops.add_rmsnorm(a["x"], a["weight"], residual=a["residual"], eps=a["eps"], impl="torch")
+        return {"normed": normed, "sum": total}
+    return impl
+
+
+def _arn_ref(s: SampleInput) -> dict:
+    a = s.args
+    normed, total = reference.add_rmsnorm(x=a["x"].double().numpy(), weight=a["weight"].double().numpy(),
+                                          residual=None if a["residual"] is None else a["residual"].double().numpy(),
+                                          eps=a["eps"])
+    return {"normed": torch.from_numpy(normed), "sum": torch.from_numpy(total)}
+
+
+def _arn_samples(small: bool):
+    def samples(dtype: str, seed: int):
+        yield _arn_sample("empty-batch", seed, dtype, rows=0, hidden=8)
+        yield _arn_sample("boundary-hidden-1", seed + 1, dtype, rows=3, hidden=1)
+        yield _arn_sample("boundary-hidden-not-pow2", seed + 2, dtype, rows=4, hidden=40)
+        yield _arn_sample("no-residual", seed + 3, dtype, rows=3, hidden=32, residual=False)
+        yield _arn_sample("nan-inf-signed-zero", seed + 4, dtype, rows=6, hidden=24, kind="nan")
+        yield _arn_sample("ulp-adjacent-entries", seed + 5, dtype, rows=3, hidden=33, kind="ulp")
+        yield _arn_sample("tiny-rows-eps-matters", seed + 6, dtype, rows=3, hidden=16, kind="tiny", eps=1e-5)
+        yield _arn_sample("eps-zero", seed + 7, dtype, rows=2, hidden=16, eps=0.0)
+        if not small:
+            yield _arn_sample("large-rows", seed + 8, dtype, rows=9, hidden=300)
+    return samples
+
+
+def _arn_recipe(dtype: str):
+    from hypothesis import strategies as st
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(1, 70), st.booleans(),
+                     st.sampled_from(("plain", "nan", "ulp", "tiny"))).map(
+        lambda t: _arn_sample(f"hyp-{t[4]}", t[0], dtype, rows=t[1], hidden=t[2], residual=t[3], kind=t[4]))
+
+
+def _arn_errors(which: str):
+    base = _arn_sample("base", 0, "float32", rows=2, hidden=8).args
+
+    def call(**changes):
+        a = {**base, **changes}
+        return lambda: ops.add_rmsnorm(a["x"], a["weight"], residual=a["residual"], eps=a["eps"], impl=which)
+
+    def errors():
+        x, w = base["x"], base["weight"]
+        yield ErrorInput("x-list", call(x=x.tolist()), TypeError, "x must be a torch.Tensor", "x")
+        yield ErrorInput("x-int", call(x=x.long()), ValueError, "x dtype torch.int64 is not a layer dtype", "x")
+        yield ErrorInput("x-empty-hidden", call(x=x[:, :0], weight=w[:0], residual=None), ValueError,
+                         r"x must be \[..., H\] with H >= 1", "x")
+        yield ErrorInput("weight-length", call(weight=w[:5]), ValueError, r"weight must be \[H\] = \[8\]", "weight")
+        yield ErrorInput("weight-device", call(weight=w.to("meta")), ValueError, "weight is on meta", "weight")
+        yield ErrorInput("residual-shape", call(residual=base["residual"][:1]), ValueError,
+                         "residual must have x's shape", "residual")
+        yield ErrorInput("residual-dtype", call(residual=base["residual"].double()), ValueError,
+                         "residual must have x's shape .* and dtype", "residual")
+        yield ErrorInput("eps-negative", call(eps=-1e-6), ValueError, "eps must be a finite float >= 0", "eps")
+        yield ErrorInput("eps-nan", call(eps=float("nan")), ValueError, "eps must be a finite float >= 0", "eps")
+        yield ErrorInput("bad-impl", lambda: ops.add_rmsnorm(x, w, impl="cuda"), ValueError, "impl must be one of",
+                         "impl")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------
+# rotary_kv_write: rotate-half RoPE of the query and key heads; keys and values to their slots
+
+def _rkv_sample(name, seed, dtype, *, tokens, q_heads, kv_heads, dim, positions=9, slots=None, num_slots=None,
+                kind="plain", table_dtype="float64", index_dtype=torch.int64) -> SampleInput:
+    gen = torch.Generator().manual_seed(seed)
+    t = _torch_dtype(dtype)
+    heads = q_heads + 2 * kv_heads
+    qkv = S.normalish(gen, (tokens, heads, dim))
+    if kind == "nan":
+        qkv = _with_specials(gen, qkv, 0.04)
+    cos = _grid(gen, (positions, dim // 2), -256, 257)                 # tables in [-1, 1], scales != 1 too
+    sin = _grid(gen, (positions, dim // 2), -256, 257)
+    num_slots = num_slots if num_slots is not None else tokens + 3
+    if slots is None:
+        slots = torch.randperm(num_slots, generator=gen)[:tokens].tolist()
+    cache = S.cast(S.normalish(gen, (2, num_slots, kv_heads, dim)), t)   # entries no token writes must stay
+    tt = _torch_dtype(table_dtype) if table_dtype != "float64" else torch.float64
+    args = {"qkv": _ulp_pairs(qkv, t) if kind == "ulp" else S.cast(qkv, t),
+            "positions": torch.randint(0, positions, (tokens,), generator=gen).to(index_dtype),
+            "cos": S.cast(cos, tt), "sin": S.cast(sin, tt), "k_cache": cache[0].clone(), "v_cache": cache[1].clone(),
+            "slots": torch.tensor(slots, dtype=index_dtype), "num_q_heads": q_heads}
+    if kind == "boundary-positions":
+        args["positions"][:] = torch.tensor([0, positions - 1] * tokens)[:tokens].to(index_dtype)
+    return SampleInput(name, args, seed)
+
+
+def _rkv_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        a = dict(s.args)
+        k, v = a["k_cache"].clone(), a["v_cache"].clone()              # the op writes in place
+        if which == "triton":
+            q = rotary_kv_write_impl(a["qkv"], a["positions"], a["cos"], a["sin"], k, v, a["slots"],
+                                     a["num_q_heads"], "triton")
+        else:
+            q = ops.rotary_kv_write(**{**a, "k_cache": k, "v_cache": v}, impl="torch")
+        return {"q": q, "k_cache": k, "v_cache": v}
+    return impl
+
+
+def _rkv_ref(s: SampleInput) -> dict:
+    a = s.args
+    q, k, v = reference.rotary_kv_write(qkv=a["qkv"].double().numpy(), positions=a["positions"].tolist(),
+                                        cos=a["cos"].double().numpy(), sin=a["sin"].double().numpy(),
+                                        k_cache=a["k_cache"].double().numpy(), v_cache=a["v_cache"].double().numpy(),
+                                        slots=a["slots"].tolist(), num_q_heads=a["num_q_heads"])
+    return {"q": torch.from_numpy(q), "k_cache": torch.from_numpy(k), "v_cache": torch.from_numpy(v)}
+
+
+def _rkv_samples(small: bool):
+    def samples(dtype: str, seed: int):
+        def one(name, i, **kw):
+            return _rkv_sample(name, seed + i, dtype, **kw)
+        yield one("empty-batch", 0, tokens=0, q_heads=2, kv_heads=1, dim=8)
+        yield one("gqa-4-to-2", 1, tokens=5, q_heads=4, kv_heads=2, dim=16)
+        yield one("mha-heads-not-pow2", 2, tokens=3, q_heads=3, kv_heads=3, dim=8)
+        yield one("boundary-dim-2", 3, tokens=4, q_heads=1, kv_heads=1, dim=2)
+        yield one("boundary-positions-first-last", 4, tokens=4, q_heads=2, kv_heads=1, dim=8, kind="boundary-positions")
+        yield one("boundary-slots-first-last", 5, tokens=2, q_heads=2, kv_heads=1, dim=8, slots=[0, 6], num_slots=7)
+        yield one("nan-inf-signed-zero", 6, tokens=4, q_heads=2, kv_heads=2, dim=8, kind="nan")
+        yield one("ulp-adjacent-pairs", 7, tokens=3, q_heads=2, kv_heads=1, dim=16, kind="ulp")
+        yield one("float32-tables-int32-indices", 8, tokens=3, q_heads=2, kv_heads=1, dim=8, table_dtype="float32",
+                  index_dtype=torch.int32)
+        yield one("slots-out-of-order", 9, tokens=3, q_heads=1, kv_heads=1, dim=4, slots=[5, 1, 3], num_slots=6)
+        if not small:
+            yield one("large-heads", 10, tokens=7, q_heads=8, kv_heads=4, dim=64, positions=40)
+    return samples
+
+
+def _rkv_recipe(dtype: str):
+    from hypothesis import strategies as st
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(1, 4), st.integers(1, 3),
+                     st.sampled_from((2, 4, 8, 16)), st.sampled_from(("plain", "nan", "ulp"))).map(
+        lambda t: _rkv_sample(f"hyp-{t[5]}", t[0], dtype, tokens=t[1], q_heads=t[2] * t[3], kv_heads=t[3], dim=t[4],
+                              kind=t[5]))
+
+
+def _rkv_errors(which: str):
+    base = _rkv_sample("base", 0, "float32", tokens=3, q_heads=2, kv_heads=1, dim=8).args
+
+    def call(**changes):
+        return lambda: ops.rotary_kv_write(**{"checked": True, **base, **changes}, impl=which)
+
+    def errors():
+        qkv, k = base["qkv"], base["k_cache"]
+        yield ErrorInput("positional-call", lambda: ops.rotary_kv_write(qkv), TypeError,
+                         "takes 0 positional arguments", "positional")
+        yield ErrorInput("qkv-list", call(qkv=qkv.tolist()), TypeError, "qkv must be a torch.Tensor", "qkv")
+        yield ErrorInput("qkv-odd-dim", call(qkv=qkv[..., :7]), ValueError, "qkv must be .* with D even", "qkv")
+        yield ErrorInput("heads-mismatch", call(num_q_heads=3), ValueError,
+                         "num_q_heads must be >= 1 with qkv's heads = num_q_heads", "num_q_heads")
+        yield ErrorInput("num-q-heads-float", call(num_q_heads=2.0), TypeError, "num_q_heads must be an int",
+                         "num_q_heads")
+        yield ErrorInput("cache-dim", call(k_cache=k[..., :4], v_cache=k[..., :4]), ValueError,
+                         r"k_cache must be \[S, Hkv, D\] with qkv's D = 8", "k_cache")
+        yield ErrorInput("v-cache-dtype", call(v_cache=base["v_cache"].double()), ValueError,
+                         "v_cache must have k_cache's shape", "v_cache")
+        yield ErrorInput("cos-width", call(cos=base["cos"][:, :3], sin=base["sin"][:, :3]), ValueError,
+                         r"cos must be \[P, D/2\]", "cos")
+        yield ErrorInput("sin-dtype", call(sin=base["sin"].float()), ValueError, "sin must have cos's shape", "sin")
+        yield ErrorInput("positions-float", call(positions=base["positions"].float()), ValueError,
+                         "positions must be int32 or int64", "positions")
+        yield ErrorInput("slots-length", call(slots=base["slots"][:2]), ValueError, r"slots must be \[T\] = \[3\]",
+                         "slots")
+        yield ErrorInput("position-past-table", call(positions=torch.tensor([0, 9, 1])), ValueError,
+                         r"positions must be rows of the tables, in \[0, 9\)", "positions")
+        yield ErrorInput("slot-negative", call(slots=torch.tensor([0, -1, 2])), ValueError,
+                         r"slots must be cache slots, in \[0, 6\)", "slots")
+        yield ErrorInput("slot-past-cache", call(slots=torch.tensor([0, 6, 2])), ValueError,
+                         r"slots must be cache slots, in \[0, 6\)", "slots")
+        yield ErrorInput("checked-string", call(checked="yes"), TypeError, "checked must be True, False or None",
+                         "checked")
+        yield ErrorInput("bad-impl", lambda: ops.rotary_kv_write(**base, impl="cuda"), ValueError,
+                         "impl must be one of", "impl")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------
+# silu_mul: silu(gate) * up of [..., gate | up]
+
+def _sm_sample(name, seed, dtype, *, rows, inter, kind="plain") -> SampleInput:
+    gen = torch.Generator().manual_seed(seed)
+    t = _torch_dtype(dtype)
+    x = S.normalish(gen, (rows, 2 * inter)) * 2
+    if kind == "nan":
+        x = _with_specials(gen, x, 0.06)
+    elif kind == "wide":            # gates far into both tails: silu ~ 0 and silu ~ g
+        x[:, :inter] = _grid(gen, (rows, inter), -40, 41, 1)
+    return SampleInput(name, {"gate_up": _ulp_pairs(x, t) if kind == "ulp" else S.cast(x, t)}, seed)
+
+
+def _sm_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        if which == "triton":
+            return {"out": silu_mul_impl(s.args["gate_up"], "triton")}
+        return {"out": ops.silu_mul(s.args["gate_up"], impl="torch")}
+    return impl
+
+
+def _sm_ref(s: SampleInput) -> dict:
+    return {"out": torch.from_numpy(reference.silu_mul(gate_up=s.args["gate_up"].double().numpy()))}
+
+
+def _sm_samples(small: bool):
+    def samples(dtype: str, seed: int):
+        yield _sm_sample("empty-batch", seed, dtype, rows=0, inter=4)
+        yield _sm_sample("boundary-inter-1", seed + 1, dtype, rows=3, inter=1)
+        yield _sm_sample("boundary-inter-not-pow2", seed + 2, dtype, rows=2, inter=37)
+        yield _sm_sample("nan-inf-signed-zero", seed + 3, dtype, rows=4, inter=16, kind="nan")
+        yield _sm_sample("ulp-adjacent-gates", seed + 4, dtype, rows=3, inter=12, kind="ulp")
+        yield _sm_sample("wide-gates-both-tails", seed + 5, dtype, rows=3, inter=20, kind="wide")
+        if not small:
+            yield _sm_sample("large-rows", seed + 6, dtype, rows=9, inter=1100)
+    return samples
+
+
+def _sm_recipe(dtype: str):
+    from hypothesis import strategies as st
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(1, 80),
+                     st.sampled_from(("plain", "nan", "ulp", "wide"))).map(
+        lambda t: _sm_sample(f"hyp-{t[3]}", t[0], dtype, rows=t[1], inter=t[2], kind=t[3]))
+
+
+def _sm_errors(which: str):
+    def errors():
+        gu = torch.zeros((2, 8))
+        yield ErrorInput("gate-up-list", lambda: ops.silu_mul(gu.tolist(), impl=which), TypeError,
+                         "gate_up must be a torch.Tensor", "gate_up")
+        yield ErrorInput("gate-up-odd", lambda: ops.silu_mul(gu[:, :7], impl=which), ValueError,
+                         r"gate_up must be \[..., 2I\] \(an even last dim", "gate_up")
+        yield ErrorInput("gate-up-int", lambda: ops.silu_mul(gu.long(), impl=which), ValueError,
+                         "gate_up dtype torch.int64 is not a layer dtype", "gate_up")
+        yield ErrorInput("bad-impl", lambda: ops.silu_mul(gu, impl="cuda"), ValueError, "impl must be one of", "impl")
+    return errors
+
+
+RECORDS = (
+    OpSpec("add_rmsnorm", _arn_impl("torch"), _arn_ref, _arn_samples(False), _arn_recipe, _arn_errors("torch"),
+           TORCH_DTYPES, {"normed": CLOSE, "sum": CLOSE}, tolerance_dtype=LAYER_TOLERANCE, platform_dependent=False,
+           max_examples=10),
+    OpSpec("add_rmsnorm_triton", _arn_impl("triton"), _arn_ref, _arn_samples(True), _arn_recipe,
+           _arn_errors("triton"), TRITON_DTYPES, {"normed": CLOSE, "sum": CLOSE}, tolerance_dtype=LAYER_TOLERANCE,
+           platform_dependent=False, max_examples=3),
+    OpSpec("rotary_kv_write", _rkv_impl("torch"), _rkv_ref, _rkv_samples(False), _rkv_recipe, _rkv_errors("torch"),
+           TORCH_DTYPES, {"q": CLOSE, "k_cache": CLOSE, "v_cache": CLOSE}, tolerance_dtype=LAYER_TOLERANCE,
+           platform_dependent=False, max_examples=10),
+    OpSpec("rotary_kv_write_triton", _rkv_impl("triton"), _rkv_ref, _rkv_samples(True), _rkv_recipe,
+           _rkv_errors("triton"), TRITON_DTYPES, {"q": CLOSE, "k_cache": CLOSE, "v_cache": CLOSE},
+           tolerance_dtype=LAYER_TOLERANCE, platform_dependent=False, max_examples=3),
+    OpSpec("silu_mul", _sm_impl("torch"), _sm_ref, _sm_samples(False), _sm_recipe, _sm_errors("torch"),
+           TORCH_DTYPES, {"out": CLOSE}, tolerance_dtype=LAYER_TOLERANCE, platform_dependent=False, max_examples=10),
+    OpSpec("silu_mul_triton", _sm_impl("triton"), _sm_ref, _sm_samples(True), _sm_recipe, _sm_errors("triton"),
+           TRITON_DTYPES, {"out": CLOSE}, tolerance_dtype=LAYER_TOLERANCE, platform_dependent=False, max_examples=3),
+)
