@@ -171,8 +171,9 @@ def _silu_mul_kernel(gu_ptr, out_ptr, inter, s_gm, s_om, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * s_om + cols, g / (1.0 + tl.exp(-g)) * u, mask=live)
 
 
-def silu_mul_impl(gate_up: torch.Tensor, impl: str = "auto") -> torch.Tensor:
-    """silu(gate) * up of gate_up [..., 2I] -> [..., I] (the wrapper behind `ops.silu_mul`)."""
+def silu_mul_impl(gate_up: torch.Tensor, impl: str = "auto", block: int = SILU_BLOCK) -> torch.Tensor:
+    """silu(gate) * up of gate_up [..., 2I] -> [..., I] (the wrapper behind `ops.silu_mul`).
+    block: columns per program (a power of two; the tests pass a small one so rows span blocks)."""
     inter = gate_up.shape[-1] // 2
     if not use_triton(impl, gate_up):
         return F.silu(gate_up[..., :inter]) * gate_up[..., inter:]
@@ -181,7 +182,7 @@ def silu_mul_impl(gate_up: torch.Tensor, impl: str = "auto") -> torch.Tensor:
     g2 = g2 if g2.stride(-1) == 1 else g2.contiguous()
     out = torch.empty((g2.shape[0], inter), dtype=gate_up.dtype, device=gate_up.device)
     if g2.shape[0] and inter:
-        block = min(SILU_BLOCK, triton.next_power_of_2(inter))
+        block = min(block, triton.next_power_of_2(inter))
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, out, inter, g2.stride(0), out.stride(0),
                                                                    BLOCK=block)
     return out.view(*gate_up.shape[:-1], inter)

@@ -1,0 +1,196 @@
+"""Speculation that pays (issue 25): the aims table, measured.
+
+Small preset (launch-bound, ~80 MB of bfloat16 weights) and medium preset (memory-bound, ~2.4 GB),
+bfloat16 compute and logits, greedy, every decoder captured (`cuda_graph=True`, bucket shapes),
+drafts steered to agreement 0.7 by tests/support/steering.py (the steering pre-run is untimed).
+Each run is driven as in bench_device_cycle.py: capture every bucket first, 2 warm-up steps, 3
+sync-counting steps, then every step timed by CUDA events; ms / step = mean of the steps run at
+the full batch, tok/s = tokens emitted in the timed steps / their time.
+
+Rows of the table:
+- target-only step, small, bs 1 / 8: ms per captured step;
+- EAGLE S3 k1 and S3 k4 D8 cycle / target-only step, small, bs 1 / 8 (the ratio of ms per cycle to
+  ms per target step at the same batch);
+- speculative / target-only tok/s, small, S3 k1, bs 1 / 8; naive EAGLE / target-only, small, bs 1 / 64;
+- medium target-only step at bs 1 vs its HBM bound: bytes of the weights one forward reads (every
+  layer's projections and norms, the final norm and the lm_head; the embedding's few rows and the
+  K/V of a short context are left out) / the device's peak bandwidth;
+- medium speculative / target-only tok/s at bs 1 and 8: EAGLE S3 k1, MTP S3, DFlash B4.
+
+    PYTHONPATH=. python3 benchmarks/bench_aims.py              # ~5 minutes on an H100
+    PYTHONPATH=. python3 benchmarks/bench_aims.py --skip-medium
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from _common import header, out_dir, peak_bandwidth, step_timing, table, write_results  # repo root on sys.path
+
+import torch  # noqa: E402
+
+import specverify  # noqa: E402
+from specverify.engine.spec_config import SpecConfig  # noqa: E402
+from bench_device_cycle import make_prompts, release, run_spec, run_target, steered_for  # noqa: E402
+
+AGREEMENT = 0.7
+SMALL_SPECS = {"EAGLE S3 k1": SpecConfig(num_steps=3, topk=1),
+               "EAGLE S3 k4 D8": SpecConfig(num_steps=3, topk=4, num_draft_tokens=8),
+               "naive EAGLE": SpecConfig(algorithm="naive_eagle")}
+MEDIUM_SPECS = {"EAGLE S3 k1": SpecConfig(num_steps=3, topk=1),
+                "MTP S3": SpecConfig(algorithm="mtp", num_steps=3),
+                "DFlash B4": SpecConfig(algorithm="dflash", num_steps=3)}
+
+
+def weight_bytes(cfg) -> int:
+    """Bytes of bfloat16 weights one target forward reads (projections, norms, lm_head)."""
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+    return 2 * (cfg.num_layers * per_layer + cfg.vocab_size * h + h)
+
+
+def measure(preset: str, specs: dict, plan: dict, args) -> dict:
+    """{(name, bs): run result} for target-only ("target") and each spec at the batch sizes of `plan`."""
+    t0 = time.perf_counter()
+    models = specverify.build_models(preset, seed=args.seed, compute_dtype="bfloat16", logits_dtype="bfloat16",
+                                     device="cuda")
+    build_s = time.perf_counter() - t0
+    top = max(b for sizes in plan.values() for b in sizes)
+    prompts = make_prompts(top, models.config.vocab_size, args.seed)
+    steered, oracle_ms = steered_for(models, prompts, list(specs.values()), args, "cuda")
+    out = {"build_s": build_s, "oracle_ms": oracle_ms, "config": models.config}
+    for name, sizes in plan.items():
+        for bs in sizes:
+            if name == "target":
+                out[(name, bs)] = run_target(models, prompts[:bs], args, "cuda")
+            else:
+                out[(name, bs)] = run_spec(steered, prompts[:bs], specs[name], True, args, "cuda")
+            r = out[(name, bs)]
+            print(f"{preset} {name} bs {bs}: {r.get('cycle_ms')} ms/step, {r.get('tok_s')} tok/s, "
+                  f"accept {r.get('mean_accept')} {r.get('error', '')}", flush=True)
+    del models, steered
+    release("cuda")
+    return out
+
+
+def _ms(r) -> float | None:
+    return None if "error" in r else r["cycle_ms"]
+
+
+def _ratio(a, b):
+    return None if a is None or b is None else a / b
+
+
+def _f(x, fmt="{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def aims_rows(small: dict, medium: dict | None, peak: float | None) -> tuple[list, list[str]]:
+    rows, errors = [], []
+
+    def tok(res, name, bs):
+        r = res[(name, bs)]
+        if "error" in r:
+            errors.append(f"- {name} bs {bs}: {r['error']}")
+            return None
+        return r["tok_s"]
+
+    def verdict(ok):
+        return "-" if ok is None else ("yes" if ok else "**no**")
+
+    t1, t8 = _ms(small[("target", 1)]), _ms(small[("target", 8)])
+    rows.append(["target-only step, small, bs 1 / 8", f"{_f(t1, '{:.3f}')} / {_f(t8, '{:.3f}')} ms", "<= 0.25 ms",
+                 verdict(None if t1 is None or t8 is None else max(t1, t8) <= 0.25)])
+    for name, aim in (("EAGLE S3 k1", 1.5), ("EAGLE S3 k4 D8", 1.9)):
+        r1, r8 = (_ratio(_ms(small[(name, b)]), t) for b, t in ((1, t1), (8, t8)))
+        acc = "/".join(_f(small[(name, b)].get("mean_accept")) for b in (1, 8))
+        rows.append([f"{name} cycle / target-only step, small, bs 1 / 8 (accept {acc})",
+                     f"{_f(r1)}x / {_f(r8)}x", f"<= {aim}x",
+                     verdict(None if r1 is None or r8 is None else max(r1, r8) <= aim)])
+    s1, s8 = (_ratio(tok(small, "EAGLE S3 k1", b), tok(small, "target", b)) for b in (1, 8))
+    rows.append(["speculative / target-only tok/s, small, S3 k1, bs 1 / 8", f"{_f(s1)}x / {_f(s8)}x", ">= 1.3x",
+                 verdict(None if s1 is None or s8 is None else min(s1, s8) >= 1.3)])
+    n1, n64 = (_ratio(tok(small, "naive EAGLE", b), tok(small, "target", b)) for b in (1, 64))
+    rows.append(["naive EAGLE / target-only tok/s, small, bs 1 / 64", f"{_f(n1)}x / {_f(n64)}x", ">= 1.3x",
+                 verdict(None if n1 is None or n64 is None else min(n1, n64) >= 1.3)])
+    if medium is None:
+        return rows, errors
+    cfg = medium["config"]
+    bound = weight_bytes(cfg) / (peak * 1e12) * 1e3 if peak else None
+    m1 = _ms(medium[("target", 1)])
+    rows.append([f"medium target-only step vs its HBM bound ({weight_bytes(cfg) / 1e9:.2f} GB at peak: "
+                 f"{_f(bound, '{:.3f}')} ms), bs 1", f"{_f(m1, '{:.3f}')} ms = {_f(_ratio(m1, bound))}x",
+                 "<= 1.3x the bound", verdict(None if m1 is None or bound is None else m1 / bound <= 1.3)])
+    for name in MEDIUM_SPECS:
+        ratios = [_ratio(tok(medium, name, b), tok(medium, "target", b)) for b in (1, 8)]
+        acc = "/".join(_f(medium[(name, b)].get("mean_accept")) for b in (1, 8))
+        cyc = "/".join(_f(_ratio(_ms(medium[(name, b)]), _ms(medium[("target", b)]))) for b in (1, 8))
+        rows.append([f"medium: {name} / target-only tok/s, bs 1 / 8 (accept {acc}; cycle = {cyc} target steps)",
+                     f"{_f(ratios[0])}x / {_f(ratios[1])}x", ">= 1.5x",
+                     verdict(None if None in ratios else min(ratios) >= 1.5)])
+    return rows, errors
+
+
+def detail_rows(res: dict, preset: str) -> list:
+    rows = []
+    for key, r in res.items():
+        if not isinstance(key, tuple):
+            continue
+        name, bs = key
+        if "error" in r:
+            rows.append([preset, name, bs, "-", "-", "-", "-", r["error"][:80]])
+            continue
+        rows.append([preset, name, bs, r["full"], _f(r["cycle_ms"], "{:.3f}"), _f(r["tok_s"], "{:.0f}"),
+                     _f(r.get("mean_accept")), _f(r["syncs"]["readbacks"] / max(r["syncs"]["cycles"], 1))])
+    return rows
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="directory for the results file (default benchmarks/results)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--skip-medium", action="store_true", help="the small preset's rows only")
+    ap.add_argument("--peak-tbps", type=float, help="peak HBM bandwidth in TB/s (default: from the device name)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    args.agreement, args.warmup, args.sync_steps, args.quick, args.cpu_smoke = AGREEMENT, 2, 3, False, False
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_aims.py: needs a CUDA device")
+    small = measure("small", SMALL_SPECS, {"target": (1, 8, 64), "EAGLE S3 k1": (1, 8), "EAGLE S3 k4 D8": (1, 8),
+                                           "naive EAGLE": (1, 64)}, args)
+    medium = None if args.skip_medium else measure(
+        "medium", MEDIUM_SPECS, {"target": (1, 8), **{name: (1, 8) for name in MEDIUM_SPECS}}, args)
+    peak, peak_src = peak_bandwidth(torch.cuda.get_device_name(), args.peak_tbps)
+    rows, errors = aims_rows(small, medium, peak)
+    lines = header("Speculation that pays: the aims of issue 25", False, {
+        "Models": "`small` (V 32000, H 512, 8 layers) and `medium` (V 32000, H 2048, 24 layers, 16 / 8 heads x 128, "
+                  "I 5632), bfloat16 compute and logits, seed " + str(args.seed),
+        "Decoding": f"greedy, no EOS, {args.max_new_tokens} new tokens, prompts of 16-63 seeded random ids, page size 1, "
+                    f"every decoder captured (`cuda_graph=True`, `pad_batches=True`)",
+        "Draft": f"steered to agreement {AGREEMENT} (tests/support/steering.py; its target-only pre-run is set-up, "
+                 f"untimed: small {small['oracle_ms']:.0f} ms" + ("" if medium is None else
+                                                                 f", medium {medium['oracle_ms']:.0f} ms") + ")",
+        "Timing": step_timing(args),
+        "HBM peak": f"{_f(peak, '{:.2f}')} TB/s ({peak_src})",
+    })
+    lines += ["## The aims", ""] + table(["figure", "now", "aim", "met"], rows)
+    lines += ["", "## Every run", ""]
+    lines += table(["preset", "decoder", "bs", "full-batch steps", "ms / step", "tok/s", "mean accept",
+                    "readbacks / step"], detail_rows(small, "small") + ([] if medium is None else
+                                                                         detail_rows(medium, "medium")))
+    if errors:
+        lines += ["", "Errors:", ""] + errors
+    write_results(lines, out_dir(args.out, False), "aims", False)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The model's fused path (issue 25): the Triton layer kernels (`ops.add_rmsnorm`,
+`ops.rotary_kv_write`, `ops.silu_mul`) wired into the target and the draft head, against the
+float64 reference model; and the memory-bound `medium` preset.
+
+On the CPU the fused path runs only here, with the kernels interpreted (a model on CUDA takes it
+by itself): the forward of the tiny model, dense and hybrid, prefill / decode / tree verify,
+against `reference.forward`, and a speculative generation whose tokens equal the unfused one's.
+On a GPU the `medium` preset's greedy speculative decoding (EAGLE, MTP, DFlash, steered) equals
+its target-only decoding token for token up to the first near-tie of the target's logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reference
+import specverify
+from specverify.kernels import fused_layers
+from specverify.models import layers
+from tests.support.asserts import assert_close
+from tests.test_model_forward import PROMPTS, TREE_PARENTS, chain, run
+
+
+@pytest.fixture
+def fused_on_cpu(monkeypatch):
+    """Models built inside take the fused path on the CPU (the Triton kernels, interpreted)."""
+    monkeypatch.setattr(layers, "fused_path", lambda device, dtype: dtype != torch.float64)
+    monkeypatch.setattr(fused_layers, "runs_triton",
+                        lambda impl, device, dtype: impl in ("auto", "triton") and dtype != torch.float64)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("hybrid", [False, True], ids=["dense", "hybrid"])
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_fused_forward_matches_reference(fused_on_cpu, compute_dtype, hybrid, request):
+    models = specverify.build_models("tiny", seed=11, compute_dtype=compute_dtype, hybrid=hybrid, device="cpu")
+    cfg, w, model = models.config, models.target_weights, models.target
+    assert "layers.0.w_gate_up" in model.w, "the fused path did not engage"
+    cache = model.new_cache(max_requests=4, page_size=4)
+    rows = [cache.table.alloc_row() for _ in PROMPTS]
+    nodeid = request.node.nodeid
+    out = run(model, cache, rows, [0, 0, 0], PROMPTS, [chain(len(p)) for p in PROMPTS])
+    for b, p in enumerate(PROMPTS):
+        ref_logits, ref_hidden = reference.forward(cfg, w, p)
+        assert_close(out.hidden[b, :len(p)], ref_hidden, compute_dtype, f"prefill hidden, request {b}", nodeid)
+        assert_close(out.logits[b, :len(p)].double(), ref_logits, compute_dtype, f"prefill logits, request {b}", nodeid)
+    seqs = [list(p) + [t] for p, t in zip(PROMPTS, (7, 301, 2))]
+    out = run(model, cache, rows, [len(p) for p in PROMPTS], [[s[-1]] for s in seqs], [chain(1)] * 3)
+    for b, s in enumerate(seqs):
+        assert_close(out.logits[b, 0].double(), reference.forward(cfg, w, s)[0][-1], compute_dtype,
+                     f"decode logits, request {b}", nodeid)
+    trees = [[60, 61, 62, 63, 64, 65, 66], [70, 71, 72], [80, 81, 82, 83, 84, 85, 86]]
+    parents = [TREE_PARENTS, TREE_PARENTS[:3], TREE_PARENTS]
+    out = run(model, cache, rows, [len(s) for s in seqs], trees, parents, commit=False)
+    for b, (toks, par) in enumerate(zip(trees, parents)):
+        ref = reference.tree_node_logits(cfg, w, seqs[b], toks, par)
+        assert_close(out.logits[b, :len(toks)].double(), ref, compute_dtype, f"tree verify logits, request {b}", nodeid)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("spec", [specverify.SpecConfig(num_steps=3, topk=2, num_draft_tokens=5),
+                                  specverify.SpecConfig(algorithm="mtp", num_steps=2)], ids=["eagle-k2", "mtp"])
+def test_fused_speculative_generation_equals_unfused(fused_on_cpu, monkeypatch, spec):
+    """float32: the fused kernels round differently from the torch ops by a few float32 ulps, far
+    below this model's greedy margins, so the tokens and accept lengths agree exactly."""
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [300, 2]]
+    fused = specverify.generate(specverify.build_models("tiny", seed=3), prompts, max_new_tokens=10, spec=spec)
+    monkeypatch.undo()
+    unfused_models = specverify.build_models("tiny", seed=3)
+    assert "layers.0.w_gate_up" not in unfused_models.target.w
+    plain = specverify.generate(unfused_models, prompts, max_new_tokens=10, spec=spec)
+    assert fused.tokens == plain.tokens
+    assert fused.accept_lengths == plain.accept_lengths
+
+
+def test_medium_preset_is_refused_on_the_cpu():
+    with pytest.raises(ValueError, match="preset 'medium' is for GPU benchmarks.*device is 'cpu'"):
+        specverify.build_models("medium", device="cpu")
+
+
+def test_medium_preset_is_memory_bound_by_construction():
+    """About 2.4 GB of bfloat16 weights a forward reads, and a draft forward (one layer, the fc and
+    the shared lm_head) about a tenth of that: the ratio the speculative speed-up rests on."""
+    cfg = specverify.models.config.preset("medium")
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    layer = h * (q + 2 * kv) + q * h + 3 * h * i
+    target = 2 * (cfg.num_layers * layer + cfg.vocab_size * h)
+    draft = 2 * (layer + 2 * h * h + cfg.vocab_size * h)
+    assert 2.0e9 < target < 3.0e9
+    assert draft / target < 0.11
+
+
+@pytest.mark.cuda
+def test_medium_preset_greedy_speculation_is_lossless_on_the_gpu():
+    from tests.support.steering import steered_models
+    models = specverify.build_models("medium", seed=0, compute_dtype="float32", logits_dtype="float32", device="cuda")
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, models.config.vocab_size, (n,), generator=gen).tolist() for n in (9, 23, 40, 16)]
+    target = specverify.generate(models, prompts, max_new_tokens=24)
+    specs = [specverify.SpecConfig(num_steps=3, topk=1), specverify.SpecConfig(num_steps=3, topk=4, num_draft_tokens=8),
+             specverify.SpecConfig(algorithm="mtp", num_steps=3), specverify.SpecConfig(algorithm="dflash", num_steps=3)]
+    steered = steered_models(models, prompts, 24, agreement=0.7, spec=specs)
+    for spec in specs:
+        out = specverify.generate(steered, prompts, max_new_tokens=24, spec=spec)
+        for r, (got, want) in enumerate(zip(out.tokens, target.tokens)):
+            assert got == want, f"{spec.algorithm} topk {spec.topk}: request {r} diverges from target-only"
+        accepted = [a for lens in out.accept_lengths for a in lens]
+        assert sum(accepted) / len(accepted) > 1.5, f"{spec.algorithm}: the steered draft was never accepted"
