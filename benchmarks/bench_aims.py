@@ -52,6 +52,55 @@ def weight_bytes(cfg) -> int:
     return 2 * (cfg.num_layers * per_layer + cfg.vocab_size * h + h)
 
 
+def _graph_ms(fn, reps: int = 20) -> float:
+    """ms of one call of fn, replayed from a CUDA graph of `reps` calls (launch gaps included, as
+    in a captured decode step)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (5 * reps)
+
+
+def floors(models) -> dict:
+    """What a bs-1 step of this target cannot go below on this device, measured: the forward's
+    matmuls alone (the same weights, M = 1, one graph: cuBLAS's GEMV speed), and a plain copy of
+    as many bytes (the bandwidth a streaming kernel reaches)."""
+    w, cfg = models.target.w, models.config
+    mats = []
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}"
+        mats += [w[f"{p}.wqkv"], w[f"{p}.wo"], w.get(f"{p}.w_gate_up", w[f"{p}.w_gate"]), w[f"{p}.w_down"]]
+        if f"{p}.w_gate_up" not in w:
+            mats.append(w[f"{p}.w_up"])
+    mats.append(w["lm_head"])
+    xs = [torch.randn((1, m.shape[0]), dtype=m.dtype, device=m.device) for m in mats]
+
+    def gemms():
+        for x, m in zip(xs, mats):
+            x @ m
+    nbytes = sum(m.numel() * m.element_size() for m in mats)
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    out = {"gemm_ms": _graph_ms(gemms, reps=4), "copy_ms": _graph_ms(lambda: dst.copy_(src), reps=4),
+           "bytes": nbytes, "launches": len(mats)}
+    del src, dst
+    return out
+
+
 def measure(preset: str, specs: dict, plan: dict, args) -> dict:
     """{(name, bs): run result} for target-only ("target") and each spec at the batch sizes of `plan`."""
     t0 = time.perf_counter()
@@ -61,7 +110,7 @@ def measure(preset: str, specs: dict, plan: dict, args) -> dict:
     top = max(b for sizes in plan.values() for b in sizes)
     prompts = make_prompts(top, models.config.vocab_size, args.seed)
     steered, oracle_ms = steered_for(models, prompts, list(specs.values()), args, "cuda")
-    out = {"build_s": build_s, "oracle_ms": oracle_ms, "config": models.config}
+    out = {"build_s": build_s, "oracle_ms": oracle_ms, "config": models.config, "floors": floors(models)}
     for name, sizes in plan.items():
         for bs in sizes:
             if name == "target":
@@ -186,6 +235,21 @@ def main(argv=None) -> int:
     lines += table(["preset", "decoder", "bs", "full-batch steps", "ms / step", "tok/s", "mean accept",
                     "readbacks / step"], detail_rows(small, "small") + ([] if medium is None else
                                                                          detail_rows(medium, "medium")))
+    lines += ["", "## Floors (bs 1, measured on this device)", ""]
+    frows = []
+    for preset, res in (("small", small), ("medium", medium)):
+        if res is None:
+            continue
+        f = res["floors"]
+        frows.append([preset, f"{f['bytes'] / 1e9:.3f}", f["launches"], f"{f['gemm_ms']:.3f}",
+                      f"{f['bytes'] / f['gemm_ms'] / 1e9:.2f}", f"{f['copy_ms']:.3f}",
+                      f"{2 * f['bytes'] / f['copy_ms'] / 1e9:.2f}",
+                      f"{_f(_ratio(f['gemm_ms'], f['bytes'] / (peak * 1e12) * 1e3 if peak else None))}x"])
+    lines += table(["preset", "weight GB a forward reads", "matmuls", "the matmuls alone, ms (one graph)",
+                    "their TB/s", "copy of the bytes (read + write), ms", "copy TB/s (read + write)", "matmuls / HBM bound"], frows)
+    lines += ["", "The matmuls alone: every weight matmul of one bs-1 forward (x [1, K] @ W), nothing else, replayed "
+              "from one CUDA graph: no decoder can read its weights faster through cuBLAS. The copy reads and "
+              "writes the same bytes once each (its TB/s counts both)."]
     if errors:
         lines += ["", "Errors:", ""] + errors
     write_results(lines, out_dir(args.out, False), "aims", False)
