@@ -21,19 +21,26 @@ from tests.support.asserts import assert_close
 from tests.test_model_forward import PROMPTS, TREE_PARENTS, chain, run
 
 
+# Where the fused models live: a CUDA device takes the fused path by itself; on the CPU the fixture
+# below routes the model through the (interpreted) kernels.
+FUSED_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @pytest.fixture
 def fused_on_cpu(monkeypatch):
-    """Models built inside take the fused path on the CPU (the Triton kernels, interpreted)."""
-    monkeypatch.setattr(layers, "fused_path", lambda device, dtype: dtype != torch.float64)
-    monkeypatch.setattr(fused_layers, "runs_triton",
-                        lambda impl, device, dtype: impl in ("auto", "triton") and dtype != torch.float64)
+    """Models built inside take the fused path on the CPU (the Triton kernels, interpreted); on a
+    CUDA machine nothing is patched (the models there are built on the GPU)."""
+    if FUSED_DEVICE == "cpu":
+        monkeypatch.setattr(layers, "fused_path", lambda device, dtype: dtype != torch.float64)
+        monkeypatch.setattr(fused_layers, "runs_triton",
+                            lambda impl, device, dtype: impl in ("auto", "triton") and dtype != torch.float64)
 
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("hybrid", [False, True], ids=["dense", "hybrid"])
 @pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
 def test_fused_forward_matches_reference(fused_on_cpu, compute_dtype, hybrid, request):
-    models = specverify.build_models("tiny", seed=11, compute_dtype=compute_dtype, hybrid=hybrid, device="cpu")
+    models = specverify.build_models("tiny", seed=11, compute_dtype=compute_dtype, hybrid=hybrid, device=FUSED_DEVICE)
     cfg, w, model = models.config, models.target_weights, models.target
     assert "layers.0.w_gate_up" in model.w, "the fused path did not engage"
     cache = model.new_cache(max_requests=4, page_size=4)
@@ -42,19 +49,19 @@ def test_fused_forward_matches_reference(fused_on_cpu, compute_dtype, hybrid, re
     out = run(model, cache, rows, [0, 0, 0], PROMPTS, [chain(len(p)) for p in PROMPTS])
     for b, p in enumerate(PROMPTS):
         ref_logits, ref_hidden = reference.forward(cfg, w, p)
-        assert_close(out.hidden[b, :len(p)], ref_hidden, compute_dtype, f"prefill hidden, request {b}", nodeid)
-        assert_close(out.logits[b, :len(p)].double(), ref_logits, compute_dtype, f"prefill logits, request {b}", nodeid)
+        assert_close(out.hidden[b, :len(p)].cpu(), ref_hidden, compute_dtype, f"prefill hidden, request {b}", nodeid)
+        assert_close(out.logits[b, :len(p)].double().cpu(), ref_logits, compute_dtype, f"prefill logits, request {b}", nodeid)
     seqs = [list(p) + [t] for p, t in zip(PROMPTS, (7, 301, 2))]
     out = run(model, cache, rows, [len(p) for p in PROMPTS], [[s[-1]] for s in seqs], [chain(1)] * 3)
     for b, s in enumerate(seqs):
-        assert_close(out.logits[b, 0].double(), reference.forward(cfg, w, s)[0][-1], compute_dtype,
+        assert_close(out.logits[b, 0].double().cpu(), reference.forward(cfg, w, s)[0][-1], compute_dtype,
                      f"decode logits, request {b}", nodeid)
     trees = [[60, 61, 62, 63, 64, 65, 66], [70, 71, 72], [80, 81, 82, 83, 84, 85, 86]]
     parents = [TREE_PARENTS, TREE_PARENTS[:3], TREE_PARENTS]
     out = run(model, cache, rows, [len(s) for s in seqs], trees, parents, commit=False)
     for b, (toks, par) in enumerate(zip(trees, parents)):
         ref = reference.tree_node_logits(cfg, w, seqs[b], toks, par)
-        assert_close(out.logits[b, :len(toks)].double(), ref, compute_dtype, f"tree verify logits, request {b}", nodeid)
+        assert_close(out.logits[b, :len(toks)].double().cpu(), ref, compute_dtype, f"tree verify logits, request {b}", nodeid)
 
 
 @pytest.mark.kernels
@@ -64,9 +71,10 @@ def test_fused_speculative_generation_equals_unfused(fused_on_cpu, monkeypatch, 
     """float32: the fused kernels round differently from the torch ops by a few float32 ulps, far
     below this model's greedy margins, so the tokens and accept lengths agree exactly."""
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [300, 2]]
-    fused = specverify.generate(specverify.build_models("tiny", seed=3), prompts, max_new_tokens=10, spec=spec)
+    fused = specverify.generate(specverify.build_models("tiny", seed=3, device=FUSED_DEVICE), prompts,
+                                max_new_tokens=10, spec=spec)
     monkeypatch.undo()
-    unfused_models = specverify.build_models("tiny", seed=3)
+    unfused_models = specverify.build_models("tiny", seed=3, device="cpu")
     assert "layers.0.w_gate_up" not in unfused_models.target.w
     plain = specverify.generate(unfused_models, prompts, max_new_tokens=10, spec=spec)
     assert fused.tokens == plain.tokens
