@@ -2,7 +2,7 @@
 contracts of `add_rmsnorm`, `rotary_kv_write` and `silu_mul` (docs/semantics.md 6.11-6.13).
 
 - add_rmsnorm: s = x + residual; y_i = s_i / sqrt(sum_j s_j^2 / H + eps) * w_i over the H entries
-  of each row.
+  of each row; a row whose mean square is not finite (an inf or NaN in it) is NaN throughout.
 - rotary_kv_write: token t at position p = positions[t]; in every query and key head, entries i and
   i + D/2 form the pair (a, b) -> (a cos_pi - b sin_pi, b cos_pi + a sin_pi); the query heads are
   returned, the rotated key heads and the unchanged value heads land in slot slots[t] of the caches
@@ -27,8 +27,9 @@ def add_rmsnorm(*, x, weight, residual=None, eps=1e-6) -> tuple[np.ndarray, np.n
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for m, row in enumerate(rows):
             mean_sq = sum(float(v) * float(v) for v in row) / len(row)
-            inv = 1.0 / math.sqrt(mean_sq + eps) if math.isfinite(mean_sq) else (
-                float("nan") if math.isnan(mean_sq) else 0.0)
+            # A row holding an inf or NaN (a mean square that is not finite) has no scale: all NaN.
+            inv = 1.0 / math.sqrt(mean_sq + eps) if math.isfinite(mean_sq) and mean_sq + eps > 0 else (
+                float("inf") if math.isfinite(mean_sq) else float("nan"))
             out[m] = [float(v) * inv * float(g) for v, g in zip(row, w)]
     return out.reshape(s.shape), s
 

@@ -52,7 +52,7 @@ def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor
     sum = x + residual, rounded once to x's dtype (x itself when residual is None: a plain norm);
     normed = sum * rsqrt(mean(sum^2) + eps) * weight, the mean over the H entries of a row,
     computed from the rounded sum in float32 (the torch path: in x's dtype as torch's rms_norm
-    does), rounded once. NaN and inf propagate: an inf in a row makes that row's normed NaN.
+    does), rounded once. A row whose mean square is not finite (an inf or NaN in it) is NaN throughout in normed.
     x: [..., H] float; residual: x's shape and dtype; weight: [H] float; eps: a finite float >= 0.
     impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere; float64 always torch).
     """

@@ -56,7 +56,8 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, hidden, eps,
         tl.store(sum_ptr + row * s_sm + cols, s, mask=live)
     s = s.to(tl.float32)
     mean_sq = tl.sum(s * s, axis=0) / hidden
-    rstd = 1.0 / tl.sqrt(mean_sq + eps)
+    # A row holding an inf or NaN has no scale: NaN throughout (as torch's CUDA rms_norm gives).
+    rstd = tl.where(mean_sq < float("inf"), 1.0 / tl.sqrt(mean_sq + eps), float("nan"))
     w = tl.load(w_ptr + cols, mask=live, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * s_om + cols, s * rstd * w, mask=live)
 
@@ -67,7 +68,10 @@ def add_rmsnorm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     already checked). Without a residual, sum is x itself."""
     if not use_triton(impl, x):
         s = x if residual is None else x + residual
-        return F.rms_norm(s, (s.shape[-1],), weight, eps), s
+        normed = F.rms_norm(s, (s.shape[-1],), weight, eps)
+        acc = torch.float64 if s.dtype == torch.float64 else torch.float32
+        finite = torch.isfinite(s.to(acc).square().mean(-1, keepdim=True))
+        return torch.where(finite, normed, torch.full_like(normed, float("nan"))), s
     check_launchable(_add_rmsnorm_kernel, x.device)
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
