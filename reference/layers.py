@@ -27,9 +27,11 @@ def add_rmsnorm(*, x, weight, residual=None, eps=1e-6) -> tuple[np.ndarray, np.n
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for m, row in enumerate(rows):
             mean_sq = sum(float(v) * float(v) for v in row) / len(row)
-            # A row holding an inf or NaN (a mean square that is not finite) has no scale: all NaN.
-            inv = 1.0 / math.sqrt(mean_sq + eps) if math.isfinite(mean_sq) and mean_sq + eps > 0 else (
-                float("inf") if math.isfinite(mean_sq) else float("nan"))
+            if not math.isfinite(mean_sq):          # an inf or NaN in the row: it has no scale
+                out[m] = float("nan")
+                continue
+            root = math.sqrt(mean_sq + eps)
+            inv = 1.0 / root if root > 0 else float("inf")
             out[m] = [float(v) * inv * float(g) for v, g in zip(row, w)]
     return out.reshape(s.shape), s
 

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from specverify import dtypes
-from specverify.models.config import ModelConfig, check_build_args, preset as preset_config
+from specverify.models.config import ModelConfig, check_build_args, check_preset_device, preset as preset_config
 from specverify.models.draft import DraftHead
 from specverify.models.kv_cache import CacheFullError, KVBuffers, SlotTable, StateBuffers
 from specverify.models.layers import Batch, chain_mask
@@ -62,6 +62,7 @@ def build_models(preset: str = "tiny", *, seed: int = 0, hybrid: bool = False,
     cfg = cfg.replace(**changes)
     if device is None:
         device = (profile or resolve(None)).device
+    check_preset_device(preset, device)
     tw, dw = target_weights(cfg, seed), draft_weights(cfg, seed)
     target = TargetModel(cfg, tw, device)
     draft = DraftHead(cfg, dw, target.w, dtype=target.dtype, device=device)

@@ -126,12 +126,15 @@ def check_build_args(*, preset, seed, hybrid, compute_dtype, logits_dtype, logit
         check_fp8_format("logits_dtype", logits_dtype, profile)
     if device is not None:
         check_device(device)     # TypeError / ValueError / ProfileUnavailable naming `device`
-    target_device = device if device is not None else (profile or resolve(None)).device
-    if preset in GPU_ONLY_PRESETS and not str(target_device).startswith("cuda"):
-        raise ValueError(f"preset {preset!r} is for GPU benchmarks and gpu-marked tests only (its float64 "
-                         f"masters take ~10 GB and minutes to build); device is {target_device!r}: pass "
-                         f"device='cuda' or use preset 'tiny' or 'small'")
     return profile
+
+
+def check_preset_device(preset: str, device) -> None:
+    """A GPU-only preset is refused for any other device (ValueError naming preset and device)."""
+    if preset in GPU_ONLY_PRESETS and not str(device).startswith("cuda"):
+        raise ValueError(f"preset {preset!r} is for GPU benchmarks and gpu-marked tests only (its float64 "
+                         f"masters take ~10 GB and minutes to build); device is {str(device)!r}: pass "
+                         f"device='cuda' or use preset 'tiny' or 'small'")
 
 
 FLOAT32_MAX = 3.4028234663852886e38

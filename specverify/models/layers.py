@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from specverify.kernels.attention import paged_attention_impl
-from specverify.kernels.fused_layers import rotate_half, runs_triton
-from specverify.ops import add_rmsnorm as _add_rmsnorm_op, decode_attention_indexed, rotary_kv_write, silu_mul
+from specverify.kernels.fused_layers import (add_rmsnorm_impl, rotary_kv_write_impl, rotate_half, runs_triton,
+                                             silu_mul_impl)
+from specverify.ops import decode_attention_indexed
 from specverify.models.kv_cache import SINK_SLOT
 
 
@@ -26,8 +27,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(normed, sum) of the residual stream x plus a sublayer's output (None: nothing to add): one
-    fused kernel on a GPU (`ops.add_rmsnorm`), the add and torch's rms_norm elsewhere."""
-    return _add_rmsnorm_op(x, weight, residual=residual, eps=eps)
+    fused kernel on a GPU (`ops.add_rmsnorm`'s kernel, unchecked: the model's own tensors), the add
+    and torch's rms_norm elsewhere."""
+    return add_rmsnorm_impl(x, residual, weight, eps)
 
 
 def fused_path(device: torch.device, dtype: torch.dtype) -> bool:
@@ -46,7 +48,7 @@ def swiglu_mlp(n: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
     """The MLP of the normed input n: (silu(n W_gate) * (n W_up)) W_down."""
     fused = w.get(f"{prefix}.w_gate_up")
     if fused is not None:
-        return silu_mul(n @ fused) @ w[f"{prefix}.w_down"]
+        return silu_mul_impl(n @ fused) @ w[f"{prefix}.w_down"]
     return (F.silu(n @ w[f"{prefix}.w_gate"]) * (n @ w[f"{prefix}.w_up"])) @ w[f"{prefix}.w_down"]
 
 
@@ -154,9 +156,8 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
     qkv = x @ w[f"{prefix}.wqkv"]
     if plan.rotary is None:
         # Fused: RoPE on the query and key heads and the K / V write in one kernel.
-        qh = rotary_kv_write(qkv=qkv.view(bs * q, num_heads + 2 * num_kv_heads, head_dim), positions=plan.positions,
-                             cos=plan.tables[0], sin=plan.tables[1], k_cache=k_cache, v_cache=v_cache,
-                             slots=plan.slots, num_q_heads=num_heads, checked=False).view(bs, q, num_heads, head_dim)
+        qh = rotary_kv_write_impl(qkv.view(bs * q, num_heads + 2 * num_kv_heads, head_dim), plan.positions,
+                                  *plan.tables, k_cache, v_cache, plan.slots, num_heads).view(bs, q, num_heads, head_dim)
     else:
         qkv = qkv.view(bs, q, num_heads + 2 * num_kv_heads, head_dim)
         # RoPE on the query and key heads together, then the three apart (views).

@@ -45,7 +45,8 @@ def _with_specials(gen, x: torch.Tensor, fraction: float) -> torch.Tensor:
 def _ulp_pairs(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x in dtype with every odd entry of the last dim the next value above its even neighbour."""
     y = S.cast(x, dtype).clone()
-    y[..., 1::2] = torch.nextafter(y[..., 0:-1:2][..., :y[..., 1::2].shape[-1]], torch.tensor(float("inf"), dtype=dtype))
+    pairs = y.shape[-1] // 2
+    y[..., 1::2] = torch.nextafter(y[..., 0:2 * pairs:2], torch.tensor(float("inf"), dtype=dtype))
     return y
 
 
@@ -151,7 +152,7 @@ def _rkv_sample(name, seed, dtype, *, tokens, q_heads, kv_heads, dim, positions=
     if slots is None:
         slots = torch.randperm(num_slots, generator=gen)[:tokens].tolist()
     cache = S.cast(S.normalish(gen, (2, num_slots, kv_heads, dim)), t)   # entries no token writes must stay
-    tt = _torch_dtype(table_dtype) if table_dtype != "float64" else torch.float64
+    tt = _torch_dtype(table_dtype)
     args = {"qkv": _ulp_pairs(qkv, t) if kind == "ulp" else S.cast(qkv, t),
             "positions": torch.randint(0, positions, (tokens,), generator=gen).to(index_dtype),
             "cos": S.cast(cos, tt), "sin": S.cast(sin, tt), "k_cache": cache[0].clone(), "v_cache": cache[1].clone(),
