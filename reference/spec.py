@@ -2,6 +2,7 @@
 
 - `topk_order` / `select_draft_topk`: draft selection (6.1), order (value descending, index ascending);
 - `build_tree`: the EAGLE draft tree (6.2) from the draft distributions of every step;
+- `expand_beams`: one step of its search (6.14), with the beams' ancestor rows and hidden states;
 - `greedy_verify`: greedy tree verification (6.3);
 - `stochastic_verify`: target-only tree sampling (6.4) with explicit uniforms;
 - `first_token_distribution` / `emitted_path_probability`: the exact law of what
@@ -208,6 +209,39 @@ def build_tree(step_dists, root_tokens, seq_lens, *, topk: int, num_steps: int, 
                 parents.append(-1)  # orphan: its parent beam was not kept
         trees.append(_tree_from_parents(tokens, parents, int(seq_lens[b]), b, D, [c.flat for c in kept], beam_flat))
     return trees
+
+
+def expand_beams(beam_scores, child_probs, child_tokens, ancestors, hidden, *, step: int) -> dict:
+    """One step >= 1 of the search (section 6.14), request by request.
+
+    beam_scores [bs][k], child_probs [bs][k][k] (float32 values), child_tokens [bs][k][k],
+    ancestors [bs][k][R] (bools), hidden [bs][k][H]. Candidate p*k + c of a request scores the
+    float32 product beam_scores[p] * child_probs[p][c]; new beam q is the q-th best candidate
+    (score descending, index ascending, NaN first); it inherits its parent beam's ancestor row,
+    adds its own entry step*k + q (when inside the row), and its parent's hidden state.
+    Returns lists: scores, tokens, flat, parent [bs][k], ancestors [bs][k][R], hidden [bs][k][H],
+    cand_scores [bs][k*k].
+    """
+    if not _is_int(step) or step < 1:
+        raise ValueError(f"step: must be an int >= 1, got {step!r}")
+    out = {name: [] for name in ("scores", "tokens", "flat", "parent", "ancestors", "hidden", "cand_scores")}
+    for b in range(len(beam_scores)):
+        k = len(beam_scores[b])
+        with np.errstate(invalid="ignore"):                  # inf * 0 is NaN, as the contract says
+            cand = [np.float32(np.float32(beam_scores[b][p]) * np.float32(child_probs[b][p][c]))
+                    for p in range(k) for c in range(k)]
+        chosen = topk_order(cand, k)
+        parents = [i // k for i in chosen]
+        row_len = len(ancestors[b][0]) if k else 0
+        out["cand_scores"].append(cand)
+        out["scores"].append([cand[i] for i in chosen])
+        out["tokens"].append([int(child_tokens[b][i // k][i % k]) for i in chosen])
+        out["flat"].append([k + (step - 1) * k * k + i for i in chosen])
+        out["parent"].append(parents)
+        out["ancestors"].append([[bool(ancestors[b][p][r]) or r == step * k + q for r in range(row_len)]
+                                 for q, p in enumerate(parents)])
+        out["hidden"].append([list(hidden[b][p]) for p in parents])
+    return out
 
 
 def _tree_from_parents(tokens, parents, L, b, D, kept_flat, beam_flat) -> RefTree:

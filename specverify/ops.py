@@ -15,8 +15,9 @@ from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.dflash import dflash_verify_impl
 from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_impl, silu_mul_impl
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
+from specverify.kernels.draft_search import BeamStep, expand_beams_impl
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
-from specverify.kernels.launch import pick_impl
+from specverify.kernels.launch import check_tensor, pick_impl
 from specverify.kernels.state_scatter import state_scatter_impl
 from specverify.kernels.tree import _raise_first
 from specverify.platform import PlatformProfile, capturing, check_fp8_format, resolve
@@ -653,3 +654,41 @@ def silu_mul(gate_up: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
         raise ValueError(f"gate_up must be [..., 2I] (an even last dim: gate, then up), got shape "
                          f"{tuple(gate_up.shape)}")
     return silu_mul_impl(gate_up, impl)
+
+
+def expand_beams(beam_scores: torch.Tensor, child_probs: torch.Tensor, child_tokens: torch.Tensor,
+                 ancestors: torch.Tensor, hidden: torch.Tensor, *, step: int, impl: str = "auto") -> BeamStep:
+    """One step >= 1 of the draft-tree search (docs/semantics.md 6.14): expand, score, select, gather.
+
+    beam_scores [bs, k] float32 (each beam's path score), child_probs [bs, k, k] float32 and
+    child_tokens [bs, k, k] int64 (row p: beam p's top-k children), ancestors [bs, k, R] bool
+    (each beam's draft-region entries), hidden [bs, k, H] float (each beam's draft hidden state).
+    Candidate p*k + c scores beam_scores[p] * child_probs[p, c] (one float32 product); the k best in
+    (score descending, index ascending; NaN above every number, -0 == +0) are the new beams, best
+    first. Returns a BeamStep: their scores, tokens, flat indices k + (step-1)k^2 + chosen, parent
+    beams, ancestor rows (the parent's row plus the beam's own entry step*k + q where that is < R),
+    the parents' hidden states, and every candidate's score [bs, k*k].
+    impl: "triton", "torch", or "auto" (Triton on CUDA for topk <= 16, torch elsewhere).
+    """
+    pick_impl(impl, beam_scores.device if isinstance(beam_scores, torch.Tensor) else torch.device("cpu"))
+    _tensor("beam_scores", beam_scores, "[bs, k] float32")
+    if beam_scores.dim() != 2 or beam_scores.shape[1] < 1:
+        raise ValueError(f"beam_scores must be [bs, k] with k >= 1, got shape {tuple(beam_scores.shape)}")
+    bs, k = beam_scores.shape
+    device = beam_scores.device
+    _tensor("ancestors", ancestors, "[bs, k, R] bool")
+    _tensor("hidden", hidden, "[bs, k, H]")
+    if ancestors.dim() != 3:
+        raise ValueError(f"ancestors must be [bs, k, R] = [{bs}, {k}, R], got shape {tuple(ancestors.shape)}")
+    if hidden.dim() != 3:
+        raise ValueError(f"hidden must be [bs, k, H] = [{bs}, {k}, H], got shape {tuple(hidden.shape)}")
+    check_tensor("beam_scores", beam_scores, (bs, k), torch.float32, device)
+    check_tensor("child_probs", child_probs, (bs, k, k), torch.float32, device)
+    check_tensor("child_tokens", child_tokens, (bs, k, k), torch.int64, device)
+    check_tensor("ancestors", ancestors, (bs, k, ancestors.shape[2]), torch.bool, device)
+    check_tensor("hidden", hidden, (bs, k, hidden.shape[2]), hidden.dtype, device)
+    if not hidden.dtype.is_floating_point:
+        raise ValueError(f"hidden must be a float tensor, got {hidden.dtype}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be an int >= 1 (step 0 is the draft-extend's own top-k), got {step!r}")
+    return expand_beams_impl(beam_scores, child_probs, child_tokens, ancestors, hidden, step, impl)

@@ -97,8 +97,7 @@ class EagleCycle:
                            torch.full_like(pos, -1), region, req_ids=req_ids)
             dout = head.forward(self.cache, dbatch, hidden)
             p, idx = draft_topk(dout.logits.reshape(bs * k, -1), k, self.profile, dout.scale.reshape(bs * k, 1))
-            parent = expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k))
-            hidden = dout.hidden.gather(1, parent[:, :, None].expand(-1, -1, dout.hidden.shape[-1]))
+            _, hidden = expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k), dout.hidden)
         kept_flat, kept_tokens, beam_flat = finish_search(search, self.D)
         st.kept_flat[rows] = kept_flat
         st.kept_tokens[rows] = kept_tokens

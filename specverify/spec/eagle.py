@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from specverify.kernels.draft_search import expand_beams_impl
 from specverify.ops import topk_stable
 
 
@@ -43,31 +44,25 @@ def start_search(p0: torch.Tensor, index0: torch.Tensor, num_steps: int) -> Tree
     return TreeSearch(k, num_steps, p0, index0, flat, anc, [p0], [index0], [flat])
 
 
-def expand_search(search: TreeSearch, step: int, p: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Step `step` >= 1: p / index [bs, k, k] are the top-k of each beam's draft row.
+def expand_search(search: TreeSearch, step: int, p: torch.Tensor, index: torch.Tensor,
+                  hidden: torch.Tensor | None = None, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Step `step` >= 1: p / index [bs, k, k] are the top-k of each beam's draft row, hidden
+    [bs, k, H] (optional) each beam's draft hidden state.
 
-    Chooses the k best children as the new beams; returns each new beam's parent beam [bs, k]
-    (the caller gathers the parents' draft hidden states with it).
+    Chooses the k best children as the new beams (`kernels.draft_search`: one kernel on a GPU);
+    returns each new beam's parent beam [bs, k] and, when `hidden` is given, the parents' hidden
+    states [bs, k, H] (what the next draft step reads).
     """
-    k = search.topk
-    bs = p.shape[0]
-    cand = (search.scores[:, :, None] * p).reshape(bs, k * k)        # float32 path products
-    cand_tokens = index.reshape(bs, k * k)
-    scores, chosen = topk_stable(cand, k)                            # chosen in [0, k*k)
-    parent = chosen // k
-    base = k + (step - 1) * k * k
-    search.cand_scores.append(cand)
-    search.cand_tokens.append(cand_tokens)
-    search.scores = scores
-    search.tokens = cand_tokens.gather(1, chosen)
-    search.flat = base + chosen
+    bs, k = search.scores.shape
+    feats = hidden if hidden is not None else search.scores.new_zeros((bs, k, 0))
+    out = expand_beams_impl(search.scores, p, index, search.ancestors, feats, step, impl)
+    search.cand_scores.append(out.cand_scores)
+    search.cand_tokens.append(index.reshape(bs, k * k))
+    search.scores, search.tokens, search.flat = out.scores, out.tokens, out.flat
     if step < search.num_steps - 1:
-        # New beam p' inherits its parent's path and adds its own entry step*k + p'.
-        region = search.ancestors.shape[2]
-        inherited = search.ancestors.gather(1, parent[:, :, None].expand(-1, -1, region))
-        search.ancestors = inherited | _own_entry(torch.arange(k, device=p.device), step * k, region)
-        search.beam_flats.append(search.flat)
-    return parent
+        search.ancestors = out.ancestors
+        search.beam_flats.append(out.flat)
+    return out.parent, (out.hidden if hidden is not None else None)
 
 
 def finish_search(search: TreeSearch, num_draft_tokens: int):

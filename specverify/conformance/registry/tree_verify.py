@@ -44,19 +44,23 @@ def _tree_inputs(seed, bs, topk, steps, d, vocab, kind: str = "tree") -> SampleI
                                                                 "topk": topk, "steps": steps, "d": d}, seed)
 
 
-def _tree_impl(s: SampleInput, profile) -> dict:
-    a = s.args
-    k, steps = a["topk"], a["steps"]
-    bs, _, vocab = a["dists"][0].shape
-    p0, i0 = ops.topk_stable(a["dists"][0][:, 0], k)
-    search = start_search(p0, i0, steps)
-    for step in range(1, steps):
-        p, idx = ops.topk_stable(a["dists"][step].reshape(bs * k, vocab), k)
-        expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k))
-    kept_flat, kept_tokens, beam_flat = finish_search(search, a["d"])
-    tree = build_tree(a["roots"], kept_flat, kept_tokens, beam_flat, a["seq_lens"], topk=k, num_steps=steps,
-                      impl=s.args.get("impl", "auto"))
-    return {f: getattr(tree, f) for f in TREE_FIELDS} | {"kept_flat": kept_flat}
+def tree_impl(impl: str):
+    """The whole search (start, each step's `expand_search`, finish) and `build_tree`, with `impl`
+    for the search steps and the tree build ("auto": torch on the CPU, the Triton kernels on a GPU)."""
+    def run(s: SampleInput, profile) -> dict:
+        a = s.args
+        k, steps = a["topk"], a["steps"]
+        bs, _, vocab = a["dists"][0].shape
+        p0, i0 = ops.topk_stable(a["dists"][0][:, 0], k)
+        search = start_search(p0, i0, steps)
+        for step in range(1, steps):
+            p, idx = ops.topk_stable(a["dists"][step].reshape(bs * k, vocab), k)
+            expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k), impl=impl)
+        kept_flat, kept_tokens, beam_flat = finish_search(search, a["d"])
+        tree = build_tree(a["roots"], kept_flat, kept_tokens, beam_flat, a["seq_lens"], topk=k, num_steps=steps,
+                          impl=impl)
+        return {f: getattr(tree, f) for f in TREE_FIELDS} | {"kept_flat": kept_flat}
+    return run
 
 
 TREE_FIELDS = ("tokens", "parents", "positions", "mask", "first_child", "next_sibling", "flat_index")
@@ -365,7 +369,7 @@ def _naive_errors():
 
 
 RECORDS = (
-    OpSpec("draft_tree", _tree_impl, _tree_ref, _tree_samples, _tree_recipe, _tree_errors, only("float32"),
+    OpSpec("draft_tree", tree_impl("auto"), _tree_ref, _tree_samples, _tree_recipe, _tree_errors, only("float32"),
            {f: EXACT for f in TREE_FIELDS + ("kept_flat",)}, platform_dependent=False, max_examples=20),
     OpSpec("verify_greedy", _greedy_impl, _greedy_ref, _verify_samples, _verify_recipe, _verify_errors,
            LOGITS_BY_POLICY, {"accept_nodes": EXACT, "num_correct": EXACT, "bonus": EXACT},
