@@ -1,5 +1,5 @@
 """The fused layer ops read as plain maths (float64 numpy, one loop per row / token / head): the
-contracts of `add_rmsnorm`, `rotary_kv_write` and `silu_mul` (docs/semantics.md 6.11-6.13).
+contracts of `add_rmsnorm`, `rotary_kv_write` and `silu_mul` (docs/semantics.md 6.12).
 
 - add_rmsnorm: s = x + residual; y_i = s_i / sqrt(sum_j s_j^2 / H + eps) * w_i over the H entries
   of each row; a row whose mean square is not finite (an inf or NaN in it) is NaN throughout.

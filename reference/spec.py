@@ -2,7 +2,7 @@
 
 - `topk_order` / `select_draft_topk`: draft selection (6.1), order (value descending, index ascending);
 - `build_tree`: the EAGLE draft tree (6.2) from the draft distributions of every step;
-- `expand_beams`: one step of its search (6.14), with the beams' ancestor rows and hidden states;
+- `expand_beams`: one step of its search (6.13), with the beams' ancestor rows and hidden states;
 - `greedy_verify`: greedy tree verification (6.3);
 - `stochastic_verify`: target-only tree sampling (6.4) with explicit uniforms;
 - `first_token_distribution` / `emitted_path_probability`: the exact law of what
@@ -212,7 +212,7 @@ def build_tree(step_dists, root_tokens, seq_lens, *, topk: int, num_steps: int, 
 
 
 def expand_beams(beam_scores, child_probs, child_tokens, ancestors, hidden, *, step: int) -> dict:
-    """One step >= 1 of the search (section 6.14), request by request.
+    """One step >= 1 of the search (section 6.13), request by request.
 
     beam_scores [bs][k], child_probs [bs][k][k] (float32 values), child_tokens [bs][k][k],
     ancestors [bs][k][R] (bools), hidden [bs][k][H]. Candidate p*k + c of a request scores the

@@ -658,7 +658,7 @@ def silu_mul(gate_up: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
 
 def expand_beams(beam_scores: torch.Tensor, child_probs: torch.Tensor, child_tokens: torch.Tensor,
                  ancestors: torch.Tensor, hidden: torch.Tensor, *, step: int, impl: str = "auto") -> BeamStep:
-    """One step >= 1 of the draft-tree search (docs/semantics.md 6.14): expand, score, select, gather.
+    """One step >= 1 of the draft-tree search (docs/semantics.md 6.13): expand, score, select, gather.
 
     beam_scores [bs, k] float32 (each beam's path score), child_probs [bs, k, k] float32 and
     child_tokens [bs, k, k] int64 (row p: beam p's top-k children), ancestors [bs, k, R] bool

@@ -1,4 +1,4 @@
-"""The draft-tree search's per-step kernel (issue 25, docs/semantics.md 6.14) inside the decoder.
+"""The draft-tree search's per-step kernel (issue 25, docs/semantics.md 6.13) inside the decoder.
 
 `ops.expand_beams` has its registry records (the op alone, and the whole search through the
 kernels: `draft_tree_triton`); here the EAGLE cycle runs its search through the Triton kernel and

@@ -1,4 +1,4 @@
-"""One step of the EAGLE draft-tree search (docs/semantics.md 6.2, 6.14) as one kernel: expand every
+"""One step of the EAGLE draft-tree search (docs/semantics.md 6.2, 6.13) as one kernel: expand every
 beam by its top-k children, score them, select the k best as the next beams, and gather what the
 next draft forward needs (the new beams' tokens, their ancestor rows, their parents' hidden states).
 

@@ -1,4 +1,4 @@
-"""Fused layer kernels of the decoder's forward (docs/semantics.md 6.11-6.13): the residual add
+"""Fused layer kernels of the decoder's forward (docs/semantics.md 6.12): the residual add
 with the RMSNorm after it, the rotary embedding with the paged K/V write, and the SiLU-gated MLP
 activation. Each replaces a chain of small elementwise kernels whose launches, not their bytes,
 set a small model's step time (benchmarks/results/profile-small-*.md).

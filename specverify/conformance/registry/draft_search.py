@@ -1,4 +1,4 @@
-"""One step of the draft-tree search (docs/semantics.md 6.14): `expand_beams`, and the whole search
+"""One step of the draft-tree search (docs/semantics.md 6.13): `expand_beams`, and the whole search
 through the Triton kernels (`draft_tree_triton`, the draft_tree record's samples).
 
 Records of the op registry (specverify/conformance/registry/__init__.py). Every output is integers,

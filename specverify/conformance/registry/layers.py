@@ -1,4 +1,4 @@
-"""The fused layer ops (docs/semantics.md 6.11-6.13): residual add + RMSNorm, rotary embedding +
+"""The fused layer ops (docs/semantics.md 6.12): residual add + RMSNorm, rotary embedding +
 paged K/V write, SiLU-gated activation.
 
 Records of the op registry (specverify/conformance/registry/__init__.py). The torch records go
