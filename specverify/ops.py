@@ -16,6 +16,7 @@ from specverify.kernels.dflash import dflash_verify_impl
 from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_impl, silu_mul_impl
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.kernels.draft_search import BeamStep, expand_beams_impl
+from specverify.kernels.draft_select import MAX_TRITON_TOPK as MAX_SELECT_TOPK, select_topk_triton
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import check_tensor, pick_impl
 from specverify.kernels.state_scatter import state_scatter_impl
@@ -150,6 +151,9 @@ def draft_topk(logits: torch.Tensor, topk: int, profile: PlatformProfile,
         # torch.argmax elsewhere. Both return the first maximal index of the upcast, NaN first.
         index = row_argmax(logits)
         return torch.ones(index.shape, dtype=torch.float32, device=logits.device), index
+    if logits.device.type == "cuda" and topk <= MAX_SELECT_TOPK:
+        # One Triton kernel per call: the same indices, the softmax to a few float32 ulps.
+        return select_topk_triton(logits, topk, scale)
     x = logits.float()                                               # [N, V] the upcast
     probs = selection_softmax(x if scale is None else x * scale)     # [N, V] of the dequantized logits
     index = topk_stable(x, topk)[1]                                  # ordered by the upcast, never by probs

@@ -1,8 +1,9 @@
-"""The draft-tree search's per-step kernel (issue 25, docs/semantics.md 6.13) inside the decoder.
+"""The draft phase's per-step kernels (issue 25) inside the decoder: the draft selection
+(`kernels.draft_select`, docs/semantics.md 6.1) and the search step (`ops.expand_beams`, 6.13).
 
-`ops.expand_beams` has its registry records (the op alone, and the whole search through the
-kernels: `draft_tree_triton`); here the EAGLE cycle runs its search through the Triton kernel and
-its per-cycle trace (tree tokens, parents, accepted nodes, emitted tokens) must equal the reference
+Each has its registry records (`select_draft_topk_triton`; `expand_beams_triton` and the whole
+search through the kernels, `draft_tree_triton`); here the EAGLE cycle runs its draft phase through
+both Triton kernels and its per-cycle trace (tree tokens, parents, accepted nodes, emitted tokens) must equal the reference
 decoder's, as in tests/test_spec_trace.py. A CPU-only machine interprets the kernel; a CUDA machine
 runs it natively (the CPU models' search tensors go to the GPU and back for the step).
 """
@@ -12,26 +13,43 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specverify.kernels import draft_search
+from specverify.engine import eagle_cycle
+from specverify.kernels import draft_search, draft_select
 from specverify.spec import eagle
 from tests.test_spec_trace import compare, report
 
 ON_GPU = torch.cuda.is_available()
 
 
-@pytest.fixture
-def search_kernel(monkeypatch):
-    """Every search step of the decoder goes through the Triton kernel; counts the launches."""
-    calls = []
+def _on_gpu(fn, *tensors):
+    """fn(*tensors) with CPU tensors moved to the GPU for the call when there is one (a CUDA
+    machine runs the kernel natively), the outputs moved back."""
+    if ON_GPU and tensors[0].device.type == "cpu":
+        out = fn(*(t.cuda() if isinstance(t, torch.Tensor) else t for t in tensors))
+        return type(out)(t.cpu() for t in out) if isinstance(out, tuple) else \
+            draft_search.BeamStep(**{name: t.cpu() for name, t in vars(out).items()})
+    return fn(*tensors)
 
-    def through_kernel(beam_scores, child_probs, child_tokens, ancestors, hidden, step, impl="auto", *rest):
-        calls.append(step)
-        args = (beam_scores, child_probs, child_tokens, ancestors, hidden)
-        if ON_GPU and beam_scores.device.type == "cpu":
-            out = draft_search.expand_beams_impl(*(t.cuda() for t in args), step, "triton")
-            return draft_search.BeamStep(**{name: t.cpu() for name, t in vars(out).items()})
-        return draft_search.expand_beams_impl(*args, step, "triton")
-    monkeypatch.setattr(eagle, "expand_beams_impl", through_kernel)
+
+@pytest.fixture
+def draft_kernels(monkeypatch):
+    """Every search step and every softmax-path draft selection of the decoder go through the
+    Triton kernels; records the steps and the selections' topk."""
+    calls = {"steps": [], "select": []}
+    original_select = eagle_cycle.draft_topk
+
+    def through_search_kernel(beam_scores, child_probs, child_tokens, ancestors, hidden, step, impl="auto", *rest):
+        calls["steps"].append(step)
+        return _on_gpu(lambda *t: draft_search.expand_beams_impl(*t[:5], t[5], "triton"),
+                       beam_scores, child_probs, child_tokens, ancestors, hidden, step)
+
+    def through_select_kernel(logits, topk, profile, scale):
+        if topk == 1 and profile.argmax_fast_path:
+            return original_select(logits, topk, profile, scale)
+        calls["select"].append(topk)
+        return _on_gpu(lambda x, s: draft_select.select_topk_triton(x, topk, s), logits, scale)
+    monkeypatch.setattr(eagle, "expand_beams_impl", through_search_kernel)
+    monkeypatch.setattr(eagle_cycle, "draft_topk", through_select_kernel)
     return calls
 
 
@@ -48,7 +66,10 @@ CASES = [
 @pytest.mark.kernels
 @pytest.mark.e2e
 @pytest.mark.parametrize("c", CASES, ids=lambda c: f"k{c['topk']}-S{c['steps']}-{c['draft']}-{c['sampling']}")
-def test_trace_through_the_search_kernel_equals_reference(search_kernel, c, request, record_property):
+def test_trace_through_the_draft_kernels_equals_reference(draft_kernels, c, request, record_property):
     report(compare(c, request.node.nodeid), c, record_property)
-    assert search_kernel and min(search_kernel) == 1 and max(search_kernel) == c["steps"] - 1, (
-        f"the search kernel ran for steps {sorted(set(search_kernel))}, want 1..{c['steps'] - 1}")
+    steps = draft_kernels["steps"]
+    assert steps and min(steps) == 1 and max(steps) == c["steps"] - 1, (
+        f"the search kernel ran for steps {sorted(set(steps))}, want 1..{c['steps'] - 1}")
+    assert set(draft_kernels["select"]) == ({c["topk"]} if c["topk"] > 1 else set()), (
+        f"the selection kernel ran for topk {sorted(set(draft_kernels['select']))}")

@@ -15,6 +15,7 @@ from reference import fp8 as rfp8
 from reference import spec as rspec
 from specverify import dtypes, ops
 from specverify.kernels.argmax import row_argmax
+from specverify.kernels.draft_select import select_topk_triton
 from specverify.conformance import strategies as S
 from specverify.conformance.registry.core import (
     CLOSE, EXACT, FP8_BY_POLICY, LOGITS_BY_POLICY, ErrorInput, OpSpec, SampleInput,
@@ -32,6 +33,16 @@ def _select_impl(s: SampleInput, profile) -> dict:
         if not torch.all(p == 1.0):
             raise AssertionError(f"argmax fast path must return p == 1.0, got {p.flatten()[:4].tolist()}")
         return {"index": index, "p": None}
+    return {"index": index, "p": p}
+
+
+SELECT_TRITON_BLOCK = 128    # the Triton record's vocabulary block: V 389 / 1025 span several, with a tail
+
+
+def _select_triton_impl(s: SampleInput, profile) -> dict:
+    """The draft selection kernel (`ops.draft_topk` on a GPU, topk 1 included when a profile has no
+    argmax fast path): the softmax path always, p compared too."""
+    p, index = select_topk_triton(s.args["logits"], s.args["topk"], s.args["scale"], block_v=SELECT_TRITON_BLOCK)
     return {"index": index, "p": p}
 
 
@@ -308,6 +319,9 @@ def _argmax_errors(which: str):
 RECORDS = (
     OpSpec("select_draft_topk", _select_impl, _select_ref, _select_samples, _select_recipe, _select_errors,
            LOGITS_BY_POLICY, {"index": EXACT, "p": CLOSE}, max_examples=12,
+           conventions=("argmax_nan",)),
+    OpSpec("select_draft_topk_triton", _select_triton_impl, _select_ref, _select_samples, _select_recipe,
+           _select_errors, LOGITS_BY_POLICY, {"index": EXACT, "p": CLOSE}, platform_dependent=False, max_examples=4,
            conventions=("argmax_nan",)),
     OpSpec("quantize_fp8", _quantize_impl, _quantize_ref, _quantize_samples, _quantize_recipe, _quantize_errors,
            FP8_BY_POLICY, {"codes": EXACT}, platform_dependent=False, max_examples=10),
