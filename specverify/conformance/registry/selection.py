@@ -39,6 +39,11 @@ def _select_impl(s: SampleInput, profile) -> dict:
 SELECT_TRITON_BLOCK = 128    # the Triton record's vocabulary block: V 389 / 1025 span several, with a tail
 
 
+# Interpreted on the CPU, where every FP8 format is upcast before the kernel (see draft_select.py):
+# one 16-bit and one FP8 format beside float32 there; every logits dtype of the platform on a GPU.
+SELECT_TRITON_DTYPES = LOGITS_BY_POLICY | {"cpu": ("float32", "bfloat16", "float8_e4m3fn")}
+
+
 def _select_triton_impl(s: SampleInput, profile) -> dict:
     """The draft selection kernel (`ops.draft_topk` on a GPU, topk 1 included when a profile has no
     argmax fast path): the softmax path always, p compared too."""
@@ -321,7 +326,7 @@ RECORDS = (
            LOGITS_BY_POLICY, {"index": EXACT, "p": CLOSE}, max_examples=12,
            conventions=("argmax_nan",)),
     OpSpec("select_draft_topk_triton", _select_triton_impl, _select_ref, _select_samples, _select_recipe,
-           _select_errors, LOGITS_BY_POLICY, {"index": EXACT, "p": CLOSE}, platform_dependent=False, max_examples=4,
+           _select_errors, SELECT_TRITON_DTYPES, {"index": EXACT, "p": CLOSE}, platform_dependent=False, max_examples=4,
            conventions=("argmax_nan",)),
     OpSpec("quantize_fp8", _quantize_impl, _quantize_ref, _quantize_samples, _quantize_recipe, _quantize_errors,
            FP8_BY_POLICY, {"codes": EXACT}, platform_dependent=False, max_examples=10),
