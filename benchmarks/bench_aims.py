@@ -32,6 +32,7 @@ from _common import header, out_dir, peak_bandwidth, step_timing, table, write_r
 import torch  # noqa: E402
 
 import specverify  # noqa: E402
+from specverify.engine.device_state import extend_batch  # noqa: E402
 from specverify.engine.spec_config import SpecConfig  # noqa: E402
 from bench_device_cycle import make_prompts, release, run_spec, run_target, steered_for  # noqa: E402
 
@@ -101,6 +102,40 @@ def floors(models) -> dict:
     return out
 
 
+FLOOR_CONTEXT = 48       # cached tokens of the one request the forward floors run over
+
+
+def forward_floors(models, spec: SpecConfig) -> dict:
+    """ms of the forwards alone, bs 1, one graph, no bookkeeping between them: a target-only
+    step's one decode forward, and an EAGLE cycle's forwards (the verify over its D nodes, the
+    draft-extend over S + 1 tokens, the S - 1 draft steps over k tokens each; chains, which cost
+    what the trees cost). Their ratio is what the cycle / target-step ratio cannot go below while
+    the forwards stay as they are."""
+    target, head, cfg = models.target, models.draft, models.config
+    cache = target.new_cache(max_requests=2, page_size=1)
+    row = cache.table.alloc_row()
+    cache.table.reserve(row, FLOOR_CONTEXT + 16)
+    cache.table.flush()
+    i64 = dict(dtype=torch.int64, device=target.device)
+    rows, kv, req = torch.tensor([row], **i64), torch.tensor([FLOOR_CONTEXT], **i64), torch.zeros(1, **i64)
+
+    def batch(q: int):
+        return extend_batch(rows, kv, torch.ones((1, q), **i64), torch.tensor([q], **i64), req)
+    d, s, k = spec.draft_tokens, spec.num_steps, spec.topk
+    plain, verify, extend, step = batch(1), batch(d), batch(s + 1), batch(k)
+    feats = [torch.zeros((1, q, cfg.hidden_size), dtype=target.dtype, device=target.device) for q in (s + 1, k)]
+
+    def target_forward():
+        target.forward(cache, plain, commit_state=False)
+
+    def cycle_forwards():
+        target.forward(cache, verify, commit_state=False)
+        head.forward(cache, extend, feats[0])
+        for _ in range(s - 1):
+            head.forward(cache, step, feats[1])
+    return {"target_ms": _graph_ms(target_forward, reps=4), "cycle_ms": _graph_ms(cycle_forwards, reps=4)}
+
+
 def measure(preset: str, specs: dict, plan: dict, args) -> dict:
     """{(name, bs): run result} for target-only ("target") and each spec at the batch sizes of `plan`."""
     t0 = time.perf_counter()
@@ -110,7 +145,8 @@ def measure(preset: str, specs: dict, plan: dict, args) -> dict:
     top = max(b for sizes in plan.values() for b in sizes)
     prompts = make_prompts(top, models.config.vocab_size, args.seed)
     steered, oracle_ms = steered_for(models, prompts, list(specs.values()), args, "cuda")
-    out = {"build_s": build_s, "oracle_ms": oracle_ms, "config": models.config, "floors": floors(models)}
+    out = {"build_s": build_s, "oracle_ms": oracle_ms, "config": models.config, "floors": floors(models),
+           "forwards": {name: forward_floors(models, spec) for name, spec in specs.items() if spec.algorithm == "eagle"}}
     for name, sizes in plan.items():
         for bs in sizes:
             if name == "target":
@@ -250,6 +286,21 @@ def main(argv=None) -> int:
     lines += ["", "The matmuls alone: every weight matmul of one bs-1 forward (x [1, K] @ W), nothing else, replayed "
               "from one CUDA graph: no decoder can read its weights faster through cuBLAS. The copy reads and "
               "writes the same bytes once each (its TB/s counts both)."]
+    lines += ["", "## The forwards alone (bs 1, one graph, measured on this device)", ""]
+    rows = []
+    for preset, res in (("small", small), ("medium", medium)):
+        if res is None:
+            continue
+        for name, f in res["forwards"].items():
+            step = _ms(res[("target", 1)])
+            rows.append([preset, name, f"{f['target_ms']:.3f}", _f(step, "{:.3f}"), f"{f['cycle_ms']:.3f}",
+                         f"{_f(_ratio(f['cycle_ms'], step))}x"])
+    lines += table(["preset", "cycle", "target forward alone, ms", "target-only step, ms",
+                    "the cycle's forwards alone, ms", "floor of cycle / target step"], rows)
+    lines += ["", "The cycle's forwards alone: its verify forward over D nodes, its draft-extend over S + 1 tokens "
+              "and its S - 1 draft steps, one request with 48 cached tokens, replayed from one CUDA graph with "
+              "nothing between them (no selection, accept, commit or tree build). Over the measured target-only "
+              "step, the ratio a cycle cannot go below with these forwards, however little its bookkeeping costs."]
     if errors:
         lines += ["", "Errors:", ""] + errors
     write_results(lines, out_dir(args.out, False), "aims", False)
