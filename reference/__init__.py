@@ -29,7 +29,7 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 """
 
 from reference import eagle, naive_eagle
-from reference.attention import decode_attention_indexed, paged_attention
+from reference.attention import decode_attention_indexed, paged_attention, token_slots
 from reference.dflash import dflash_correct_drafts_and_bonus
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
@@ -107,6 +107,7 @@ __all__ = [
     "silu_mul",
     "split_header",
     "stochastic_verify",
+    "token_slots",
     "topk_order",
     "tree_node_logits",
 ]

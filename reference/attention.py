@@ -8,6 +8,10 @@ request, head, query and key). The contract of `paged_attention`:
 - its output is sum_t w_t v_t with w the softmax of scale * <q, k_t> over the keys it sees
   (scale default 1 / sqrt(dim)); a padded lane, or a query that sees no key, is all zeros.
 
+And of `token_slots` (the slot each new token writes): token t < num_tokens of request b sits at
+cache index i = kv_lens[b] + region + t, read at min(i, last cell of the row); a token with
+t >= q_lens[b] (padding) writes the sink slot instead.
+
 And of `decode_attention_indexed`: query i (of q [N][num_heads][dim]) sees the slots
 kv_indices[kv_indptr[i]], ..., kv_indices[kv_indptr[i + 1] - 1], in that order, and nothing else;
 the same softmax-weighted sum, and zeros for an empty list.
@@ -88,4 +92,14 @@ def decode_attention_indexed(q, k_cache, v_cache, kv_indptr, kv_indices, *, scal
             continue
         for h in range(nh):
             out[i, h] = _attend(q[i, h], slots, keys, values, h // group, float(scale))
+    return out
+
+
+def token_slots(*, req_to_token, rows, kv_lens, q_lens, num_tokens: int, region: int = 0, sink: int = 0) -> list:
+    """-> [bs][num_tokens] ints: the slot each new token of each request writes."""
+    table = [list(map(int, r)) for r in np.asarray(req_to_token).tolist()]
+    out = []
+    for row, kv, ql in zip(np.asarray(rows).tolist(), np.asarray(kv_lens).tolist(), np.asarray(q_lens).tolist()):
+        cells = table[row]
+        out.append([cells[min(kv + region + t, len(cells) - 1)] if t < ql else sink for t in range(num_tokens)])
     return out

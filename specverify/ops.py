@@ -20,6 +20,7 @@ from specverify.kernels.draft_select import MAX_TRITON_TOPK as MAX_SELECT_TOPK, 
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import check_tensor, pick_impl
 from specverify.kernels.state_scatter import state_scatter_impl
+from specverify.kernels.token_slots import token_slots_impl
 from specverify.kernels.tree import _raise_first
 from specverify.platform import PlatformProfile, capturing, check_fp8_format, resolve
 
@@ -696,3 +697,39 @@ def expand_beams(beam_scores: torch.Tensor, child_probs: torch.Tensor, child_tok
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"step must be an int >= 1 (step 0 is the draft-extend's own top-k), got {step!r}")
     return expand_beams_impl(beam_scores, child_probs, child_tokens, ancestors, hidden, step, impl)
+
+
+def token_slots(*, req_to_token: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor, q_lens: torch.Tensor,
+                num_tokens: int, region: int = 0, sink: int = 0, impl: str = "auto",
+                checked: bool | None = None) -> torch.Tensor:
+    """The cache slot each new token of a forward writes (docs/semantics.md 6.14): [bs, num_tokens] int64.
+
+    Token t of request b sits at cache index kv_lens[b] + region + t of slot-table row rows[b]
+    (req_to_token [R, C] int32/int64), read at that index clamped to C - 1; a token with
+    t >= q_lens[b] is padding and gets `sink`. rows, kv_lens, q_lens: [bs] int32/int64.
+    checked: the value checks (rows in [0, R), kv_lens >= 0, q_lens in [0, num_tokens], live
+    indices inside the row); None runs them on CPU tensors only. Arguments are keyword-only.
+    """
+    device = req_to_token.device if isinstance(req_to_token, torch.Tensor) else torch.device("cpu")
+    pick_impl(impl, device)
+    _index_tensor("req_to_token", req_to_token, 2, "[R, C]", None)
+    if req_to_token.shape[1] == 0:
+        raise ValueError(f"req_to_token must be [R, C] with C >= 1, got shape {tuple(req_to_token.shape)}")
+    for name, t in (("rows", rows), ("kv_lens", kv_lens), ("q_lens", q_lens)):
+        _index_tensor(name, t, 1, "[bs]", device)
+    bs = rows.shape[0]
+    for name, t in (("kv_lens", kv_lens), ("q_lens", q_lens)):
+        if t.shape != (bs,):
+            raise ValueError(f"{name} must be [bs] = [{bs}] (one per row of rows), got shape {tuple(t.shape)}")
+    for name, v in (("num_tokens", num_tokens), ("region", region), ("sink", sink)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    if bs and _value_checks(checked, device):
+        _raise_first([
+            ((rows < 0) | (rows >= req_to_token.shape[0]), f"rows must be rows of req_to_token, in [0, {req_to_token.shape[0]})"),
+            (kv_lens < 0, "kv_lens must be >= 0"),
+            ((q_lens < 0) | (q_lens > num_tokens), f"q_lens must lie in [0, num_tokens = {num_tokens}]"),
+            (kv_lens + region + q_lens > req_to_token.shape[1],
+             f"kv_lens + region + q_lens must be <= C = {req_to_token.shape[1]} (a live token past its row)"),
+        ])
+    return token_slots_impl(req_to_token, rows, kv_lens, q_lens, num_tokens, region, sink, impl)

@@ -15,7 +15,7 @@ import torch
 
 import reference
 import specverify
-from specverify.kernels import fused_layers
+from specverify.kernels import fused_layers, token_slots
 from specverify.models import layers
 from tests.support.asserts import assert_close
 from tests.test_model_forward import PROMPTS, TREE_PARENTS, chain, run
@@ -28,12 +28,14 @@ FUSED_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture
 def fused_on_cpu(monkeypatch):
-    """Models built inside take the fused path on the CPU (the Triton kernels, interpreted); on a
-    CUDA machine nothing is patched (the models there are built on the GPU)."""
+    """Models built inside take the fused path on the CPU (the Triton kernels, interpreted: the
+    layer kernels and the slot plan's); on a CUDA machine nothing is patched (the models there are
+    built on the GPU)."""
     if FUSED_DEVICE == "cpu":
         monkeypatch.setattr(layers, "fused_path", lambda device, dtype: dtype != torch.float64)
         monkeypatch.setattr(fused_layers, "runs_triton",
                             lambda impl, device, dtype: impl in ("auto", "triton") and dtype != torch.float64)
+        monkeypatch.setattr(layers, "token_slots_impl", lambda *args: token_slots.token_slots_impl(*args, impl="triton"))
 
 
 @pytest.mark.kernels

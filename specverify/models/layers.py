@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.fused_layers import (add_rmsnorm_impl, rotary_kv_write_impl, rotate_half, runs_triton,
                                              silu_mul_impl)
+from specverify.kernels.token_slots import token_slots_impl
 from specverify.ops import decode_attention_indexed
 from specverify.models.kv_cache import SINK_SLOT
 
@@ -104,12 +105,10 @@ class Batch:
         return torch.arange(q, device=self.input_ids.device)[None, :] < self.q_lens[:, None]
 
     def new_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
-        """[bs, q] token slots the new tokens write to; padding lanes write to the sink."""
-        q = self.input_ids.shape[1]
-        idx = self.kv_lens[:, None] + self.region + torch.arange(q, device=self.input_ids.device)[None, :]
-        idx = idx.clamp(max=req_to_token.shape[1] - 1)
-        slots = req_to_token[self.rows[:, None], idx]
-        return torch.where(self.live, slots, torch.full_like(slots, SINK_SLOT))
+        """[bs, q] token slots the new tokens write to; padding lanes write to the sink
+        (`ops.token_slots`: one kernel on a GPU)."""
+        return token_slots_impl(req_to_token, self.rows, self.kv_lens, self.q_lens, self.input_ids.shape[1],
+                                self.region, SINK_SLOT)
 
 
 def chain_mask(bs: int, q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +134,8 @@ class AttentionPlan:
 
 def plan_attention(batch: Batch, req_to_token: torch.Tensor, rotary: RotaryTable, dtype: torch.dtype) -> AttentionPlan:
     slots = batch.new_slots(req_to_token).flatten()
-    mask = batch.tree_mask.to(torch.int8)
+    # The kernels read the mask as int8: a bool mask is reinterpreted (same bytes), not copied.
+    mask = batch.tree_mask.view(torch.int8) if batch.tree_mask.dtype == torch.bool else batch.tree_mask.to(torch.int8)
     if fused_path(req_to_token.device, dtype):
         return AttentionPlan(None, slots, mask, batch.kv_index_list,
                              positions=batch.positions.flatten().clamp(0, rotary.size - 1),

@@ -453,6 +453,85 @@ NKV_EDGE_EXEMPT = (("nan", "an integer index op: no floating value is read or wr
                    ("ulp", "an integer index op: no floating value is read or written"))
 
 
+# ---------------------------------------------------------------------------------------------
+# token_slots: the slot each new token of a forward writes (docs/semantics.md 6.14)
+
+
+def _ts_sample(name, seed, *, bs, num_tokens, context, region=0, sink=0, index_dtype=torch.int64,
+               overhang=False) -> SampleInput:
+    """A table of bs + 1 rows x context cells of distinct random slots (0 = the sink never mapped),
+    rows a permutation of the table's rows, kv_lens and q_lens ragged with every live index inside
+    its row (overhang: the padded tokens of the last request run past the row end, where the index
+    is clamped to the last cell)."""
+    gen = torch.Generator().manual_seed(seed)
+    table = (torch.randperm((bs + 1) * context, generator=gen) + 1).view(bs + 1, context)
+    rows = torch.randperm(bs + 1, generator=gen)[:bs]
+    q_lens = torch.randint(0, num_tokens + 1, (bs,), generator=gen)
+    room = (context - region - q_lens).clamp(min=0)
+    kv_lens = torch.randint(0, 2**20, (bs,), generator=gen) % (room + 1)
+    if overhang and bs:
+        kv_lens[-1] = room[-1]                 # live tokens end exactly at the row end: padding runs past it
+    args = {"req_to_token": table.to(index_dtype), "rows": rows.to(index_dtype), "kv_lens": kv_lens.to(index_dtype),
+            "q_lens": q_lens.to(index_dtype), "num_tokens": num_tokens, "region": region, "sink": sink}
+    return SampleInput(f"{name}-bs{bs}-q{num_tokens}-C{context}-R{region}", args, seed)
+
+
+TS_EDGE_EXEMPT = (("nan", "integer indices in, integer slots out: no float anywhere"),
+                  ("ulp", "integer indices in, integer slots out: no float anywhere"))
+
+
+def _ts_samples(dtype: str, seed: int):
+    yield _ts_sample("empty-batch", seed, bs=0, num_tokens=4, context=8)
+    yield _ts_sample("ragged", seed + 1, bs=5, num_tokens=4, context=20)
+    yield _ts_sample("ragged-region", seed + 2, bs=4, num_tokens=3, context=24, region=6, sink=7)
+    yield _ts_sample("boundary-row-end-clamped", seed + 3, bs=3, num_tokens=8, context=12, overhang=True)
+    yield _ts_sample("boundary-one-token", seed + 4, bs=3, num_tokens=1, context=5)
+    yield _ts_sample("boundary-no-tokens", seed + 5, bs=2, num_tokens=0, context=5)
+    yield _ts_sample("int32-indices", seed + 6, bs=4, num_tokens=5, context=16, region=2, index_dtype=torch.int32)
+
+
+def _ts_recipe(dtype: str):
+    from hypothesis import strategies as st
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(0, 9), st.integers(1, 40),
+                     st.integers(0, 5), st.booleans(), st.booleans()).map(
+        lambda t: _ts_sample("hyp", t[0], bs=t[1], num_tokens=t[2], context=t[3] + t[4], region=t[4],
+                             overhang=t[5], index_dtype=torch.int32 if t[6] else torch.int64))
+
+
+def _ts_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        return {"slots": ops.token_slots(**s.args, impl=which)}
+    return impl
+
+
+def _ts_ref(s: SampleInput) -> dict:
+    a = s.args
+    out = reference.token_slots(**{k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in a.items()})
+    return {"slots": torch.tensor(out, dtype=torch.int64).view(a["rows"].shape[0], a["num_tokens"])}
+
+
+def _ts_errors(which: str):
+    base = _ts_sample("base", 0, bs=3, num_tokens=4, context=10).args
+
+    def call(**changes):
+        return lambda: ops.token_slots(**{**base, "impl": which, **changes})
+    table, rows, kv = base["req_to_token"], base["rows"], base["kv_lens"]
+    yield ErrorInput("table-1d", call(req_to_token=table[0]), ValueError, "req_to_token must be 2-D", "req_to_token")
+    yield ErrorInput("table-float", call(req_to_token=table.float()), ValueError, "req_to_token must be int32 or int64",
+                     "req_to_token")
+    yield ErrorInput("rows-list", call(rows=rows.tolist()), TypeError, "rows must be a torch.Tensor", "rows")
+    yield ErrorInput("kv-lens-short", call(kv_lens=kv[:2]), ValueError, r"kv_lens must be \[bs\] = \[3\]", "kv_lens")
+    yield ErrorInput("num-tokens-negative", call(num_tokens=-1), ValueError, "num_tokens must be an int >= 0",
+                     "num_tokens")
+    yield ErrorInput("row-past-table", call(rows=torch.tensor([0, 1, 4])), ValueError,
+                     r"rows must be rows of req_to_token, in \[0, 4\)", "rows")
+    yield ErrorInput("q-len-past-num-tokens", call(q_lens=torch.tensor([1, 5, 0])), ValueError,
+                     r"q_lens must lie in \[0, num_tokens = 4\]", "q_lens")
+    yield ErrorInput("live-token-past-row", call(kv_lens=torch.tensor([0, 9, 0]), q_lens=torch.tensor([1, 2, 1])),
+                     ValueError, "a live token past its row", "kv_lens")
+    yield ErrorInput("bad-impl", call(impl="cuda"), ValueError, "impl must be one of", "impl")
+
+
 RECORDS = (
     OpSpec("paged_attention", _attn_impl("torch"), _attn_ref, _attn_samples(False), _attn_recipe,
            _attn_errors("torch"), only("float32", "float16", "bfloat16"), {"out": CLOSE}, platform_dependent=False,
@@ -466,6 +545,10 @@ RECORDS = (
     OpSpec("create_draft_kv_indices_triton", _nkv_impl("triton"), _nkv_ref, _nkv_samples(True), _nkv_recipe,
            _nkv_errors("triton"), only("float32"), {"kv_indptr": EXACT, "kv_indices": EXACT},
            platform_dependent=False, max_examples=3, edge_exempt=NKV_EDGE_EXEMPT),
+    OpSpec("token_slots", _ts_impl("torch"), _ts_ref, _ts_samples, _ts_recipe, lambda: _ts_errors("torch"),
+           only("float32"), {"slots": EXACT}, platform_dependent=False, max_examples=15, edge_exempt=TS_EDGE_EXEMPT),
+    OpSpec("token_slots_triton", _ts_impl("triton"), _ts_ref, _ts_samples, _ts_recipe, lambda: _ts_errors("triton"),
+           only("float32"), {"slots": EXACT}, platform_dependent=False, max_examples=5, edge_exempt=TS_EDGE_EXEMPT),
     OpSpec("decode_attention_indexed", _ia_impl("torch"), _ia_ref, _ia_samples(False), _ia_recipe,
            _ia_errors("torch"), only("float32", "float16", "bfloat16", "float64"), {"out": CLOSE},
            platform_dependent=False, max_examples=10),
