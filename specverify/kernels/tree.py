@@ -311,7 +311,8 @@ def build_tree(root_tokens: torch.Tensor, kept_flat: torch.Tensor, kept_tokens: 
 def chain_tree(root_tokens: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
     """The topk == 1 tree: a chain root -> draft 0 -> ... -> draft S-1 (D = S + 1).
 
-    root_tokens: [bs] int64; draft_tokens: [bs, S] int64; seq_lens: [bs] int64.
+    root_tokens: [bs] int64; draft_tokens: [bs, S] int64; seq_lens: [bs] int64. parents, mask,
+    first_child and next_sibling are the same for every request: expanded views of one row, to read.
     """
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2:
         raise ValueError("draft_tokens must be a 2-D tensor [bs, S]")
@@ -322,12 +323,14 @@ def chain_tree(root_tokens: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: 
     check_tensor("seq_lens", seq_lens, (bs,), torch.int64, device)
     d = s + 1
     node = torch.arange(d, device=device)
+    after = node + 1
+    # The fields every request shares are one row expanded (read-only views: no copy per request).
     return DraftTree(
         tokens=torch.cat([root_tokens[:, None], draft_tokens], dim=1),
-        parents=(node - 1).expand(bs, d).clone(),
+        parents=(node - 1).expand(bs, d),
         positions=seq_lens[:, None] + node[None, :],
-        mask=(node[None, :] <= node[:, None]).expand(bs, d, d).clone(),
-        first_child=torch.where(node + 1 < d, node + 1, -1).expand(bs, d).clone(),
-        next_sibling=torch.full((bs, d), -1, dtype=torch.int64, device=device),
-        flat_index=torch.arange(bs, device=device)[:, None] * d + node[None, :],
+        mask=(node[None, :] <= node[:, None]).expand(bs, d, d),
+        first_child=torch.where(after < d, after, -1).expand(bs, d),
+        next_sibling=torch.full((d,), -1, dtype=torch.int64, device=device).expand(bs, d),
+        flat_index=torch.arange(bs * d, device=device).view(bs, d),
     )
