@@ -41,9 +41,9 @@ from specverify.spec.eagle import expand_search, finish_search, start_search
 class EagleState:
     """Per slot-table row: the request state and the draft the next verify checks."""
     requests: RequestState
-    kept_flat: torch.Tensor       # [R, D-1] int64
+    kept_flat: torch.Tensor       # [R, D-1] int64 (topk > 1 only: a chain leaves it unwritten)
     kept_tokens: torch.Tensor     # [R, D-1] int64
-    beam_flat: torch.Tensor       # [R, max(S-1, 0), k] int64
+    beam_flat: torch.Tensor       # [R, max(S-1, 0), k] int64 (topk > 1 only)
 
     @classmethod
     def empty(cls, rows: int, config: SpecConfig, device) -> "EagleState":
@@ -98,6 +98,11 @@ class EagleCycle:
             dout = head.forward(self.cache, dbatch, hidden)
             p, idx = draft_topk(dout.logits.reshape(bs * k, -1), k, self.profile, dout.scale.reshape(bs * k, 1))
             _, hidden = expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k), dout.hidden)
+        if k == 1:
+            # A chain keeps every candidate in step order: only its tokens reach the next tree
+            # (`chain_tree`), so the flat indices and beams are neither built nor stored.
+            st.kept_tokens[rows] = torch.cat(search.cand_tokens, dim=1)
+            return
         kept_flat, kept_tokens, beam_flat = finish_search(search, self.D)
         st.kept_flat[rows] = kept_flat
         st.kept_tokens[rows] = kept_tokens
