@@ -7,6 +7,8 @@ in tests pairs them.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from specverify import dtypes
@@ -15,7 +17,7 @@ from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.dflash import dflash_verify_impl
 from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_impl, silu_mul_impl
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
-from specverify.kernels.draft_search import BeamStep, expand_beams_impl
+from specverify.kernels.draft_search import MAX_TRITON_TOPK as MAX_SEARCH_TOPK, BeamStep, expand_beams_impl
 from specverify.kernels.draft_select import MAX_TRITON_TOPK as MAX_SELECT_TOPK, select_topk_triton
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import check_tensor, pick_impl
@@ -661,6 +663,16 @@ def silu_mul(gate_up: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     return silu_mul_impl(gate_up, impl)
 
 
+def _count(name: str, v, least: int, why: str = "") -> int:
+    """An integer argument >= least as a Python int: TypeError for a non-integer (bool included),
+    ValueError below the bound."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {least}, got {type(v).__name__} {v!r}")
+    if v < least:
+        raise ValueError(f"{name} must be an int >= {least}{' ' + why if why else ''}, got {v!r}")
+    return int(v)
+
+
 def expand_beams(beam_scores: torch.Tensor, child_probs: torch.Tensor, child_tokens: torch.Tensor,
                  ancestors: torch.Tensor, hidden: torch.Tensor, *, step: int, impl: str = "auto") -> BeamStep:
     """One step >= 1 of the draft-tree search (docs/semantics.md 6.13): expand, score, select, gather.
@@ -676,13 +688,17 @@ def expand_beams(beam_scores: torch.Tensor, child_probs: torch.Tensor, child_tok
     impl: "triton", "torch", or "auto" (Triton on CUDA for topk <= 16, torch elsewhere).
     """
     pick_impl(impl, beam_scores.device if isinstance(beam_scores, torch.Tensor) else torch.device("cpu"))
-    _tensor("beam_scores", beam_scores, "[bs, k] float32")
+    for name, t, what in (("beam_scores", beam_scores, "[bs, k] float32"), ("child_probs", child_probs, "[bs, k, k] float32"),
+                          ("child_tokens", child_tokens, "[bs, k, k] int64"), ("ancestors", ancestors, "[bs, k, R] bool"),
+                          ("hidden", hidden, "[bs, k, H]")):
+        _tensor(name, t, what)
     if beam_scores.dim() != 2 or beam_scores.shape[1] < 1:
         raise ValueError(f"beam_scores must be [bs, k] with k >= 1, got shape {tuple(beam_scores.shape)}")
     bs, k = beam_scores.shape
     device = beam_scores.device
-    _tensor("ancestors", ancestors, "[bs, k, R] bool")
-    _tensor("hidden", hidden, "[bs, k, H]")
+    if impl == "triton" and k > MAX_SEARCH_TOPK:
+        raise ValueError(f"impl='triton' takes topk <= {MAX_SEARCH_TOPK} (the kernel ranks k^2 candidates in one "
+                         f"tile), got k = {k}; use impl='torch' or 'auto'")
     if ancestors.dim() != 3:
         raise ValueError(f"ancestors must be [bs, k, R] = [{bs}, {k}, R], got shape {tuple(ancestors.shape)}")
     if hidden.dim() != 3:
@@ -692,10 +708,10 @@ def expand_beams(beam_scores: torch.Tensor, child_probs: torch.Tensor, child_tok
     check_tensor("child_tokens", child_tokens, (bs, k, k), torch.int64, device)
     check_tensor("ancestors", ancestors, (bs, k, ancestors.shape[2]), torch.bool, device)
     check_tensor("hidden", hidden, (bs, k, hidden.shape[2]), hidden.dtype, device)
-    if not hidden.dtype.is_floating_point:
-        raise ValueError(f"hidden must be a float tensor, got {hidden.dtype}")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"step must be an int >= 1 (step 0 is the draft-extend's own top-k), got {step!r}")
+    if hidden.dtype not in LAYER_TORCH_DTYPES:
+        raise ValueError(f"hidden must be a float tensor of a compute dtype (bfloat16, float16, float32, float64), "
+                         f"got {hidden.dtype}")
+    step = _count("step", step, 1, "(step 0 is the draft-extend's own top-k)")
     return expand_beams_impl(beam_scores, child_probs, child_tokens, ancestors, hidden, step, impl)
 
 
@@ -721,10 +737,9 @@ def token_slots(*, req_to_token: torch.Tensor, rows: torch.Tensor, kv_lens: torc
     for name, t in (("kv_lens", kv_lens), ("q_lens", q_lens)):
         if t.shape != (bs,):
             raise ValueError(f"{name} must be [bs] = [{bs}] (one per row of rows), got shape {tuple(t.shape)}")
-    for name, v in (("num_tokens", num_tokens), ("region", region), ("sink", sink)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
-    if bs and _value_checks(checked, device):
+    num_tokens, region, sink = (_count(name, v, 0) for name, v in (("num_tokens", num_tokens), ("region", region),
+                                                                     ("sink", sink)))
+    if _value_checks(checked, device) and bs:
         _raise_first([
             ((rows < 0) | (rows >= req_to_token.shape[0]), f"rows must be rows of req_to_token, in [0, {req_to_token.shape[0]})"),
             (kv_lens < 0, "kv_lens must be >= 0"),

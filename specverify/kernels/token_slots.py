@@ -16,12 +16,14 @@ import triton.language as tl
 
 from specverify.kernels.launch import check_launchable, pick_impl
 
+TOKEN_BLOCK = 256     # tokens per program: a decode step's few in one, a long prefill's over several
+
 
 def _token_slots_torch(req_to_token, rows, kv_lens, q_lens, num_tokens: int, region: int, sink: int):
     t = torch.arange(num_tokens, device=req_to_token.device)[None, :]
     idx = (kv_lens[:, None] + region + t).clamp(max=req_to_token.shape[1] - 1)
     slots = req_to_token[rows[:, None], idx]
-    return torch.where(t < q_lens[:, None], slots, torch.full_like(slots, sink))
+    return torch.where(t < q_lens[:, None], slots, torch.full_like(slots, sink)).to(torch.int64)
 
 
 @triton.jit
@@ -29,7 +31,7 @@ def _token_slots_kernel(table_ptr, rows_ptr, kv_ptr, ql_ptr, out_ptr, num_tokens
                         s_t0, s_t1, s_r, s_k, s_q, s_o0,
                         BLOCK_Q: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
-    t = tl.arange(0, BLOCK_Q)
+    t = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     in_batch = t < num_tokens
     row = tl.load(rows_ptr + b * s_r).to(tl.int64)
     kv = tl.load(kv_ptr + b * s_k).to(tl.int64)
@@ -40,7 +42,7 @@ def _token_slots_kernel(table_ptr, rows_ptr, kv_ptr, ql_ptr, out_ptr, num_tokens
 
 
 def token_slots_impl(req_to_token: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor, q_lens: torch.Tensor,
-                     num_tokens: int, region: int, sink: int, impl: str = "auto") -> torch.Tensor:
+                     num_tokens: int, region: int, sink: int, impl: str = "auto", block_q: int | None = None) -> torch.Tensor:
     """[bs, num_tokens] int64 (no argument checks: `ops.token_slots` checks)."""
     if pick_impl(impl, req_to_token.device) == "torch":
         return _token_slots_torch(req_to_token, rows, kv_lens, q_lens, num_tokens, region, sink)
@@ -49,8 +51,9 @@ def token_slots_impl(req_to_token: torch.Tensor, rows: torch.Tensor, kv_lens: to
     out = torch.empty((bs, num_tokens), dtype=torch.int64, device=req_to_token.device)
     if bs == 0 or num_tokens == 0:
         return out
-    _token_slots_kernel[(bs,)](req_to_token, rows, kv_lens, q_lens, out, num_tokens, region,
-                               req_to_token.shape[1] - 1, sink, *req_to_token.stride(), rows.stride(0),
-                               kv_lens.stride(0), q_lens.stride(0), out.stride(0),
-                               BLOCK_Q=max(triton.next_power_of_2(num_tokens), 2), num_warps=1)
+    block_q = block_q or min(max(triton.next_power_of_2(num_tokens), 2), TOKEN_BLOCK)
+    _token_slots_kernel[(bs, triton.cdiv(num_tokens, block_q))](
+        req_to_token, rows, kv_lens, q_lens, out, num_tokens, region, req_to_token.shape[1] - 1, sink,
+        *req_to_token.stride(), rows.stride(0), kv_lens.stride(0), q_lens.stride(0), out.stride(0),
+        BLOCK_Q=block_q, num_warps=1 if block_q <= 64 else 4)
     return out

@@ -500,7 +500,10 @@ def _ts_recipe(dtype: str):
 
 def _ts_impl(which: str):
     def impl(s: SampleInput, profile) -> dict:
-        return {"slots": ops.token_slots(**s.args, impl=which)}
+        slots = ops.token_slots(**s.args, impl=which)
+        if slots.dtype != torch.int64:     # EXACT compares integers as int64: the contract's dtype is checked here
+            raise AssertionError(f"token_slots must return int64 slots, got {slots.dtype}")
+        return {"slots": slots}
     return impl
 
 
@@ -523,6 +526,10 @@ def _ts_errors(which: str):
     yield ErrorInput("kv-lens-short", call(kv_lens=kv[:2]), ValueError, r"kv_lens must be \[bs\] = \[3\]", "kv_lens")
     yield ErrorInput("num-tokens-negative", call(num_tokens=-1), ValueError, "num_tokens must be an int >= 0",
                      "num_tokens")
+    yield ErrorInput("region-float", call(region=1.0), TypeError, "region must be an int >= 0", "region")
+    yield ErrorInput("checked-not-bool-empty-batch", call(rows=rows[:0], kv_lens=kv[:0], q_lens=base["q_lens"][:0],
+                                                          checked="yes"), TypeError, "checked must be True, False or None",
+                     "checked")
     yield ErrorInput("row-past-table", call(rows=torch.tensor([0, 1, 4])), ValueError,
                      r"rows must be rows of req_to_token, in \[0, 4\)", "rows")
     yield ErrorInput("q-len-past-num-tokens", call(q_lens=torch.tensor([1, 5, 0])), ValueError,

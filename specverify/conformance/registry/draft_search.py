@@ -31,7 +31,8 @@ def _levels(gen, shape) -> torch.Tensor:
 
 def _eb_sample(name, seed, dtype, *, bs, k, region, hidden, step, kind="plain") -> SampleInput:
     """kind: "plain" (grid values, exact ties), "nan" (NaN, inf and -0.0 among scores and
-    probabilities, NaN in the hidden states), "ulp" (each beam's children float32 neighbours)."""
+    probabilities, NaN in the hidden states), "ulp" (each beam's children float32 neighbours),
+    "zeros" (every probability -0.0 or +0.0: the chosen beams are signed-zero ties)."""
     gen = torch.Generator().manual_seed(seed)
     scores = _levels(gen, (bs, k))
     probs = _levels(gen, (bs, k, k))
@@ -40,6 +41,8 @@ def _eb_sample(name, seed, dtype, *, bs, k, region, hidden, step, kind="plain") 
         pick = torch.randint(0, len(specials), (bs, k, k), generator=gen)
         probs = torch.where(S.coins(gen, (bs, k, k), 0.3), specials[pick], probs)
         scores = torch.where(S.coins(gen, (bs, k), 0.2), float("nan"), scores)
+    elif kind == "zeros":             # every child probability a signed zero: the beams are ties of -0.0 and +0.0
+        probs = torch.where(S.coins(gen, (bs, k, k), 0.5), -0.0, 0.0)
     elif kind == "ulp":
         probs[..., 1::2] = torch.nextafter(probs[..., 0:1], torch.tensor(2.0)).expand_as(probs[..., 1::2])
     tokens = torch.randint(0, 2**40, (bs, k, k), generator=gen)
@@ -61,12 +64,13 @@ def _eb_samples(dtype: str, seed: int):
     yield _eb_sample("boundary-last-step-no-own-entry", seed + 5, dtype, bs=2, k=2, region=4, hidden=16, step=2)
     yield _eb_sample("boundary-no-region", seed + 6, dtype, bs=2, k=2, region=0, hidden=3, step=1)
     yield _eb_sample("empty-batch", seed + 7, dtype, bs=0, k=3, region=6, hidden=8, step=1)
+    yield _eb_sample("boundary-signed-zero-ties", seed + 8, dtype, bs=3, k=3, region=6, hidden=4, step=1, kind="zeros")
 
 
 def _eb_recipe(dtype: str):
     from hypothesis import strategies as st
     return st.tuples(st.integers(0, 2**16), st.integers(0, 4), st.integers(1, 5), st.integers(1, 3),
-                     st.integers(1, 40), st.sampled_from(("plain", "nan", "ulp"))).map(
+                     st.integers(1, 40), st.sampled_from(("plain", "nan", "ulp", "zeros"))).map(
         lambda t: _eb_sample(f"hyp-{t[5]}", t[0], dtype, bs=t[1], k=t[2], region=t[3] * t[2], hidden=t[4],
                              step=t[3], kind=t[5]))
 
@@ -79,8 +83,17 @@ def _eb_impl(which: str):
             out = expand_beams_impl(*a.values(), step, "triton", TRITON_HIDDEN_BLOCK)
         else:
             out = ops.expand_beams(**a, impl="torch")
-        return {name: getattr(out, name) for name in OUTPUTS}
+        return {name: getattr(out, name) for name in OUTPUTS} | {"sign_bits": _sign_bits(out.scores, out.cand_scores,
+                                                                                       out.hidden)}
     return impl
+
+
+def _sign_bits(*floats: torch.Tensor) -> torch.Tensor:
+    """The sign bit of every float output but NaN (whose sign no contract fixes), flattened in
+    order: EXACT compares floats by value (-0.0 == +0.0), and these outputs are products and
+    copies, exact to the bit."""
+    flat = [t.float().cpu().flatten() for t in floats]
+    return torch.cat([torch.signbit(x) & ~torch.isnan(x) for x in flat])
 
 
 def _eb_ref(s: SampleInput) -> dict:
@@ -92,8 +105,8 @@ def _eb_ref(s: SampleInput) -> dict:
     shapes = {"scores": (bs, k), "tokens": (bs, k), "flat": (bs, k), "parent": (bs, k), "ancestors": (bs, k, region),
               "hidden": (bs, k, hidden), "cand_scores": (bs, k * k)}
     kinds = {"scores": torch.float32, "cand_scores": torch.float32, "ancestors": torch.bool, "hidden": torch.float32}
-    return {name: torch.tensor(out[name], dtype=kinds.get(name, torch.int64)).reshape(shapes[name])
-            for name in OUTPUTS}
+    got = {name: torch.tensor(out[name], dtype=kinds.get(name, torch.int64)).reshape(shapes[name]) for name in OUTPUTS}
+    return got | {"sign_bits": _sign_bits(got["scores"], got["cand_scores"], got["hidden"])}
 
 
 def _eb_errors(which: str):
@@ -119,15 +132,28 @@ def _eb_errors(which: str):
                          r"hidden must have shape \[2, 2, 4\]", "hidden")
         yield ErrorInput("hidden-int", call(hidden=feats.long()), ValueError, "hidden must be a float tensor", "hidden")
         yield ErrorInput("step-0", call(step=0), ValueError, "step must be an int >= 1", "step")
+        yield ErrorInput("step-float", call(step=1.0), TypeError, "step must be an int >= 1", "step")
+        yield ErrorInput("probs-list", call(child_probs=probs.tolist()), TypeError, "child_probs must be a torch.Tensor",
+                         "child_probs")
+        yield ErrorInput("hidden-fp8", call(hidden=feats.to(torch.float8_e4m3fn)), ValueError,
+                         "hidden must be a float tensor of a compute dtype", "hidden")
+        if which == "triton":
+            k = 17
+            yield ErrorInput("triton-topk-past-tile", call(beam_scores=torch.ones((1, k)), child_probs=torch.ones((1, k, k)),
+                                                           child_tokens=torch.zeros((1, k, k), dtype=torch.int64),
+                                                           ancestors=torch.zeros((1, k, 2), dtype=torch.bool),
+                                                           hidden=torch.zeros((1, k, 4))),
+                             ValueError, r"impl='triton' takes topk <= 16", "impl")
         yield ErrorInput("bad-impl", call(impl="cuda"), ValueError, "impl must be one of", "impl")
     return errors
 
 
 RECORDS = (
     OpSpec("expand_beams", _eb_impl("torch"), _eb_ref, _eb_samples, _eb_recipe, _eb_errors("torch"), HIDDEN_DTYPES,
-           {name: EXACT for name in OUTPUTS}, platform_dependent=False, max_examples=15),
+           {name: EXACT for name in OUTPUTS + ("sign_bits",)}, platform_dependent=False,
+           max_examples=15),
     OpSpec("expand_beams_triton", _eb_impl("triton"), _eb_ref, _eb_samples, _eb_recipe, _eb_errors("triton"),
-           HIDDEN_DTYPES, {name: EXACT for name in OUTPUTS}, platform_dependent=False, max_examples=5),
+           HIDDEN_DTYPES, {name: EXACT for name in OUTPUTS + ("sign_bits",)}, platform_dependent=False, max_examples=5),
     OpSpec("draft_tree_triton", tree_impl("triton"), _tree_ref, _tree_samples, _tree_recipe, _tree_errors,
            only("float32"), {f: EXACT for f in TREE_FIELDS + ("kept_flat",)}, platform_dependent=False,
            max_examples=5),
