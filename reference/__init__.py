@@ -24,6 +24,7 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
   accepted node copied into the request's slot by plain loops;
 - `dflash_correct_drafts_and_bonus`: DFlash's greedy block verify (section 6.9; its sampling
   variant is `stochastic_verify` on a chain);
+- `emit_tokens`: a decode step's EOS / max_new_tokens cut and the request state it moves (6.15);
 - `legacy_encode` / `legacy_decode` / `packed_header` / `split_header` / `packed_decode`: the
   speculative logprob message read byte by byte (docs/protocol.md).
 """
@@ -31,6 +32,7 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 from reference import eagle, naive_eagle
 from reference.attention import decode_attention_indexed, paged_attention, token_slots
 from reference.dflash import dflash_correct_drafts_and_bonus
+from reference.emit import emit_tokens
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
@@ -80,6 +82,7 @@ __all__ = [
     "decode_attention_indexed",
     "dflash_correct_drafts_and_bonus",
     "draw",
+    "emit_tokens",
     "emitted_path_probability",
     "filtered_probs",
     "eagle",

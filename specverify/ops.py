@@ -19,6 +19,7 @@ from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_im
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.kernels.draft_search import MAX_TRITON_TOPK as MAX_SEARCH_TOPK, BeamStep, expand_beams_impl
 from specverify.kernels.draft_select import MAX_TRITON_TOPK as MAX_SELECT_TOPK, select_topk_triton
+from specverify.kernels.emit import emit_impl
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import check_tensor, pick_impl
 from specverify.kernels.state_scatter import state_scatter_impl
@@ -748,3 +749,55 @@ def token_slots(*, req_to_token: torch.Tensor, rows: torch.Tensor, kv_lens: torc
              f"kv_lens + region + q_lens must be <= C = {req_to_token.shape[1]} (a live token past its row)"),
         ])
     return token_slots_impl(req_to_token, rows, kv_lens, q_lens, num_tokens, region, sink, impl)
+
+
+def emit_tokens(*, produced: torch.Tensor, count: torch.Tensor, rows: torch.Tensor, seq_len: torch.Tensor,
+                pending: torch.Tensor, emitted: torch.Tensor, budget: torch.Tensor, finished: torch.Tensor,
+                eos_token_id: int | None, impl: str = "auto",
+                checked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The emit of a decode step (docs/semantics.md 6.15): the EOS / max_new_tokens cut, and the
+    request state it moves, written in place.
+
+    produced [bs, W] int64: each lane's candidate tokens in order, count [bs] (in [1, W]) of them
+    real; rows [bs]: each lane's row of the request state, whose vectors seq_len, pending, emitted,
+    budget [R] int64 and finished [R] bool are read and written at those rows. A live lane (row not
+    finished) takes its tokens up to and including the first eos_token_id among its count, at most
+    budget - emitted of them, and stops when it took the last allowed one or an EOS; its row gets
+    emitted + taken, finished = stop, seq_len + count, pending = produced[count - 1]. A finished row's
+    lanes take nothing and leave it as it is. Returns (head [bs, W + 2] int64: the taken tokens then
+    -1, taken, finished; taken [bs] int64; finished [bs] bool). rows and count: int32 or int64.
+    checked: the value checks (rows inside the state, count in [1, W], no unfinished row on two lanes,
+    budget > emitted on every unfinished row);
+    None runs them on CPU tensors only. Arguments are keyword-only.
+    """
+    pick_impl(impl, produced.device if isinstance(produced, torch.Tensor) else torch.device("cpu"))
+    _tensor("produced", produced, "[bs, W] int64")
+    if produced.dim() != 2 or produced.shape[1] < 1:
+        raise ValueError(f"produced must be [bs, W] with W >= 1, got shape {tuple(produced.shape)}")
+    bs, w = produced.shape
+    device = produced.device
+    check_tensor("produced", produced, (bs, w), torch.int64, device)
+    for name, t in (("count", count), ("rows", rows)):
+        _index_tensor(name, t, 1, "[bs]", device)
+        if t.shape != (bs,):
+            raise ValueError(f"{name} must be [bs] = [{bs}] (one per lane of produced), got shape {tuple(t.shape)}")
+    for name, t in (("seq_len", seq_len), ("pending", pending), ("emitted", emitted), ("budget", budget),
+                    ("finished", finished)):
+        _tensor(name, t, "[R]")
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D request-state vector [R], got shape {tuple(t.shape)}")
+        check_tensor(name, t, (seq_len.shape[0],), torch.bool if name == "finished" else torch.int64, device)
+    if eos_token_id is not None:
+        eos_token_id = _count("eos_token_id", eos_token_id, 0, "or None")
+    if _value_checks(checked, device) and bs:
+        inside = rows[(rows >= 0) & (rows < seq_len.shape[0])]
+        live_rows = torch.sort(inside[~finished[inside]]).values
+        _raise_first([
+            ((rows < 0) | (rows >= seq_len.shape[0]), f"rows must be rows of the request state, in [0, {seq_len.shape[0]})"),
+            ((count < 1) | (count > w), f"count must lie in [1, W = {w}]"),
+            (live_rows[1:] == live_rows[:-1],
+             "rows must not name one unfinished row on two lanes (each writes it)"),
+            (emitted[live_rows] >= budget[live_rows],
+             "budget must exceed emitted on every unfinished row (a running request has room for a token)"),
+        ])
+    return emit_impl(produced, count, rows, seq_len, pending, emitted, budget, finished, eos_token_id, impl)

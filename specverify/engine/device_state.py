@@ -56,22 +56,6 @@ def graphs_allowed(models, wanted: bool, profile, pad_batches: bool) -> bool:
             and models.target.dtype != torch.float64)
 
 
-def stop_mask(tokens: torch.Tensor, count: torch.Tensor, room: torch.Tensor,
-              eos: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The EOS / max_new_tokens cut of section 5 on the device.
-
-    tokens [bs, W]: a request's candidate tokens in order, `count [bs]` of them produced;
-    room [bs]: tokens its budget still allows. Returns (taken [bs], finished [bs]): the tokens
-    appended (up to and including the first EOS, at most room) and whether the request stops."""
-    w = tokens.shape[1]
-    j = torch.arange(w, device=tokens.device)[None, :]
-    stop_at = torch.full_like(count, w)
-    if eos is not None:
-        stop_at = torch.where((tokens == eos) & (j < count[:, None]), j, w).amin(1)
-    taken = torch.minimum(torch.minimum(count, room), stop_at + 1)
-    return taken, (taken >= room) | (stop_at < taken)
-
-
 def extend_batch(rows: torch.Tensor, kv_lens: torch.Tensor, tokens: torch.Tensor, q_lens: torch.Tensor,
                  req_ids: torch.Tensor) -> Batch:
     """A chain of q_lens[b] new tokens per lane appended after kv_lens[b] cached ones."""

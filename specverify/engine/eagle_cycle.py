@@ -22,7 +22,7 @@ import dataclasses
 
 import torch
 
-from specverify.engine.device_state import RequestState, extend_batch, stop_mask
+from specverify.engine.device_state import RequestState, extend_batch
 from specverify.engine.penalties import PenaltyState, penalize, tree_counts
 from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
 from specverify.engine.spec_config import SpecConfig
@@ -32,7 +32,7 @@ from specverify.kernels.tree import build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models
 from specverify.models.kv_cache import SINK_SLOT
-from specverify.ops import draft_topk
+from specverify.ops import draft_topk, emit_tokens
 from specverify.platform import PlatformProfile
 from specverify.spec.eagle import expand_search, finish_search, start_search
 
@@ -132,25 +132,20 @@ class EagleCycle:
         count = num_correct + 1
         produced = torch.where(j == num_correct[:, None], bonus[:, None], produced)
         produced = torch.where(j < count[:, None], produced, 0)
-        emitted = rs.emitted[rows]
-        taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)
-        taken = torch.where(live, taken, 0)
+        # The EOS / budget cut and the state update (section 5, 6.15): one op, in place.
+        head, taken, finished = emit_tokens(produced=produced, count=count, rows=rows, seq_len=rs.seq_len,
+                                            pending=rs.pending, emitted=rs.emitted, budget=rs.budget,
+                                            finished=rs.finished, eos_token_id=self.eos, checked=self.checked)
         self._commit(rows, n, accept, num_correct, live, out, taken)
         if rs.penalty is not None:
             rs.penalty.record(rows, produced, taken)
-        finished = ~live | stop
-        rs.emitted[rows] = emitted + taken
-        rs.finished[rows] = finished
-        rs.seq_len[rows] = torch.where(live, n + count, n)
-        rs.pending[rows] = torch.where(live, bonus, roots)
 
         # Draft-extend over the accepted drafts and the bonus, fed by the target hidden states.
         ar = torch.arange(rows.shape[0], device=rows.device)
         feats = out.hidden[ar[:, None], accept.clamp(min=0)]                # [bs, W, H]
         self.draft(rows, produced, count, feats, n, req_ids, ~finished)
 
-        packed = torch.cat([torch.where(j < taken[:, None], produced, -1), taken[:, None], finished.long()[:, None],
-                            tree.tokens, tree.parents, accept], 1)
+        packed = torch.cat([head, tree.tokens, tree.parents, accept], 1)
         result = {"packed": packed}
         if self.with_logits:
             nodes = accept.clamp(min=0)

@@ -30,7 +30,7 @@ import dataclasses
 
 import torch
 
-from specverify.engine.device_state import RequestState, extend_batch, stop_mask
+from specverify.engine.device_state import RequestState, extend_batch
 from specverify.engine.eagle_cycle import packed_width
 from specverify.engine.penalties import penalize, tree_counts
 from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
@@ -39,7 +39,7 @@ from specverify.engine.state_commit import commit_recurrent_states, tracking_ste
 from specverify.engine.uniforms import counter_uniforms
 from specverify.kernels.verify import inverse_cdf, target_predict, verify_naive
 from specverify.models import Batch, ModelCache, Models, chain_mask
-from specverify.ops import create_draft_kv_indices, draft_topk
+from specverify.ops import create_draft_kv_indices, draft_topk, emit_tokens
 from specverify.platform import PlatformProfile
 
 DRAFT_DRAW, COIN_DRAW, FINAL_DRAW = 0, 1, 2
@@ -121,9 +121,10 @@ class NaiveCycle:
         e0 = torch.where(accepted, d, bonus)
         produced = torch.stack([e0, torch.where(accepted, bonus, 0)], 1)
         ar = torch.arange(bs, device=rows.device)
-        emitted = rs.emitted[rows]
-        taken, stop = stop_mask(produced, count, rs.budget[rows] - emitted, self.eos)
-        taken = torch.where(live, taken, 0)
+        # The EOS / budget cut and the state update (section 5, 6.15): one op, in place.
+        head, taken, finished = emit_tokens(produced=produced, count=count, rows=rows, seq_len=rs.seq_len,
+                                            pending=rs.pending, emitted=rs.emitted, budget=rs.budget,
+                                            finished=rs.finished, eos_token_id=self.eos, checked=False)
         # The tracking slot only counts what the EOS / budget cut lets through (taken - 1 drafts).
         tracked = None if self.track_interval is None else tracking_step(
             path=torch.arange(2, device=rows.device).expand(bs, 2), num_correct=taken - 1, seq_lens=n,
@@ -131,18 +132,12 @@ class NaiveCycle:
         commit_recurrent_states(states=self.cache.states, recurrent=out.rec_states, conv=out.conv_states, rows=rows,
                                 steps=torch.where(live, count - 1, -1),   # the state after the last kept node
                                 tracking_steps=tracked)
-        finished = ~live | stop
         if rs.penalty is not None:
             rs.penalty.record(rows, produced, taken)
-        rs.emitted[rows] = emitted + taken
-        rs.finished[rows] = finished
-        rs.seq_len[rows] = torch.where(live, n + count, n)
-        rs.pending[rows] = torch.where(live, bonus, roots)
 
         j = torch.arange(2, device=rows.device)[None, :]
         accept_nodes = torch.where(j < count[:, None], j, -1)
-        packed = torch.cat([torch.where(j < taken[:, None], produced, -1), taken[:, None], finished.long()[:, None],
-                            tokens, parents, accept_nodes], 1)
+        packed = torch.cat([head, tokens, parents, accept_nodes], 1)
         result = {"packed": packed}
         if self.with_logits:
             nodes = accept_nodes.clamp(min=0)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from specverify.engine.device_state import RequestState, extend_batch, stop_mask
+from specverify.engine.device_state import RequestState, extend_batch
 from specverify.engine.logprobs import LogprobChannel
 from specverify.engine.penalties import PenaltyState
 from specverify.engine.requests import Request
 from specverify.engine.sampling import SamplingParams, choose_tokens
 from specverify.engine.state_commit import commit_recurrent_states
 from specverify.engine.uniforms import counter_uniforms
+from specverify.kernels.emit import stop_mask
 from specverify.models import ModelCache, Models
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from specverify.engine.device_decoder import DeviceDecoder
-from specverify.engine.device_state import RequestState, extend_batch, stop_mask
+from specverify.engine.device_state import RequestState, extend_batch
 from specverify.engine.logprobs import LogprobChannel
 from specverify.engine.prefill import prefill
 from specverify.engine.requests import Request
@@ -22,6 +22,7 @@ from specverify.engine.sampling import SamplingParams, choose_tokens
 from specverify.engine.spec_config import cache_entries
 from specverify.engine.uniforms import counter_uniforms
 from specverify.models import Models
+from specverify.ops import emit_tokens
 
 
 class TargetOnlyDecoder(DeviceDecoder):
@@ -53,7 +54,7 @@ class TargetOnlyDecoder(DeviceDecoder):
         lanes, out = self.run_step(reqs)
         if self.channel is not None:
             self.channel.send([r.index for r in reqs], [1] * len(reqs), out["logits"], out["scale"], out["tokens"])
-        for r, (t, f) in zip(reqs, lanes):
+        for r, (t, _, f) in zip(reqs, lanes):
             r.output.append(t)
             r.cached += 1
             if f:
@@ -71,16 +72,13 @@ class TargetOnlyDecoder(DeviceDecoder):
         u = None if self.params.greedy else counter_uniforms(self.seed, batch.req_ids, n, torch.zeros_like(n))
         penalty = None if st.penalty is None else st.penalty.context(rows)
         token = choose_tokens(logits, scale, self.params, u, penalty)
-        emitted = st.emitted[rows]
-        _, stop = stop_mask(token[:, None], torch.ones_like(token), st.budget[rows] - emitted, self.eos)
-        live = ~done
         if st.penalty is not None:
-            st.penalty.record(rows, token[:, None], live.long())
-        st.seq_len[rows] = torch.where(live, n + 1, n)
-        st.pending[rows] = torch.where(live, token, st.pending[rows])
-        st.emitted[rows] = emitted + live.long()
-        st.finished[rows] = done | stop
-        out_dict = {"packed": torch.stack([token, (done | stop).long()], 1)}
+            st.penalty.record(rows, token[:, None], (~done).long())
+        # The cut and the state update in one op: per lane (token or -1, taken, finished).
+        head, _, _ = emit_tokens(produced=token[:, None], count=torch.ones_like(token), rows=rows, seq_len=st.seq_len,
+                                 pending=st.pending, emitted=st.emitted, budget=st.budget, finished=st.finished,
+                                 eos_token_id=self.eos, checked=False)
+        out_dict = {"packed": head}
         if self.channel is not None:
             out_dict.update(logits=logits, scale=scale, tokens=token)
         return out_dict

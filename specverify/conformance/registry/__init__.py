@@ -12,10 +12,10 @@ from specverify.conformance.registry.core import (  # noqa: F401
     load_impl, missing_op, on_device, replay_command, run_impl, select_samples, validate_record,
 )
 from specverify.conformance.registry import (
-    attention, dflash, draft_search, layers, protocol, sampling, selection, state_commit, tree_verify,
+    attention, dflash, draft_search, emit, layers, protocol, sampling, selection, state_commit, tree_verify,
 )
 
-FAMILIES = (selection, tree_verify, draft_search, dflash, sampling, attention, state_commit, protocol, layers)
+FAMILIES = (selection, tree_verify, draft_search, dflash, sampling, attention, state_commit, protocol, layers, emit)
 
 # The records in the order the tests list them (golden files and test ids name ops, not positions).
 ORDER = ("select_draft_topk", "select_draft_topk_triton", "draft_tree", "draft_tree_triton", "expand_beams",
@@ -25,7 +25,7 @@ ORDER = ("select_draft_topk", "select_draft_topk_triton", "draft_tree", "draft_t
          "decode_attention_indexed", "decode_attention_indexed_triton", "mamba_state_scatter",
          "mamba_state_scatter_triton", "message_codec", "dflash_correct_drafts_and_bonus",
          "dflash_correct_drafts_and_bonus_triton", "add_rmsnorm", "add_rmsnorm_triton", "rotary_kv_write",
-         "rotary_kv_write_triton", "silu_mul", "silu_mul_triton")
+         "rotary_kv_write_triton", "silu_mul", "silu_mul_triton", "emit_tokens", "emit_tokens_triton")
 
 
 def _assemble() -> dict[str, OpSpec]:

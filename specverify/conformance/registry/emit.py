@@ -1,0 +1,166 @@
+"""The emit of a decode step: the EOS / max_new_tokens cut and the request state it moves
+(docs/semantics.md 6.15).
+
+Records of the op registry (specverify/conformance/registry/__init__.py)."""
+
+from __future__ import annotations
+
+import torch
+
+import reference
+from specverify import ops
+from specverify.conformance.registry.core import EXACT, ErrorInput, OpSpec, SampleInput, only
+
+STATE = ("seq_len", "pending", "emitted", "budget", "finished")
+
+
+def _emit_sample(name, seed, *, bs, width, rows_total, eos=None, dead=(), pad_row=None, eos_at=(), room=None,
+                 counts=None, index_dtype=torch.int64, vocab=32000) -> SampleInput:
+    """Lanes on a permutation of bs of rows_total state rows (or, with pad_row, the lanes of
+    `dead` all on that one finished row, as a graph's padded lanes are); counts in [1, width];
+    tokens drawn below `vocab` and never equal to eos unless planted (eos_at: (lane, position) of
+    each planted EOS, inside or past the lane's count); room: per lane budget - emitted (None:
+    drawn in [1, 2 * width]); counts: per lane (None: drawn)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randperm(rows_total, generator=gen)[:bs]
+    if pad_row is not None:
+        rows[list(dead)] = pad_row
+    count = torch.randint(1, width + 1, (bs,), generator=gen)
+    if counts is not None:
+        count = torch.tensor(counts, dtype=torch.int64)
+    produced = torch.randint(0, vocab, (bs, width), generator=gen)
+    if eos is not None:
+        produced = torch.where(produced == eos, (produced + 1) % vocab, produced)
+        for lane, at in eos_at:
+            produced[lane, at] = eos
+    seq_len = torch.randint(1, 2**20, (rows_total,), generator=gen)
+    pending = torch.randint(0, vocab, (rows_total,), generator=gen)
+    emitted = torch.randint(0, 50, (rows_total,), generator=gen)
+    lane_room = torch.randint(1, 2 * width + 1, (bs,), generator=gen) if room is None else torch.tensor(room)
+    budget = emitted + torch.randint(1, 2 * width + 1, (rows_total,), generator=gen)
+    budget[rows] = emitted[rows] + lane_room
+    finished = torch.zeros(rows_total, dtype=torch.bool)
+    finished[rows[list(dead)]] = True
+    if pad_row is not None:
+        finished[pad_row] = True
+    args = {"produced": produced, "count": count.to(index_dtype), "rows": rows.to(index_dtype), "seq_len": seq_len,
+            "pending": pending, "emitted": emitted, "budget": budget, "finished": finished, "eos_token_id": eos}
+    return SampleInput(f"{name}-bs{bs}-W{width}", args, seed)
+
+
+EMIT_EDGE_EXEMPT = (("nan", "token ids and counts in, token ids and counts out: no float anywhere"),
+                    ("ulp", "token ids and counts in, token ids and counts out: no float anywhere"))
+
+
+def _emit_samples(dtype: str, seed: int):
+    yield _emit_sample("empty-batch", seed, bs=0, width=4, rows_total=3)
+    yield _emit_sample("ragged-no-eos", seed + 1, bs=5, width=4, rows_total=7)
+    yield _emit_sample("eos-inside-and-past-count", seed + 2, bs=4, width=4, rows_total=6, eos=2,
+                       eos_at=((0, 0), (1, 2), (2, 3), (3, 1)))
+    yield _emit_sample("eos-only-past-count", seed + 10, bs=3, width=4, rows_total=4, eos=9, counts=(1, 2, 3),
+                       eos_at=((0, 1), (1, 3), (2, 3)), room=(8, 8, 8))
+    yield _emit_sample("boundary-eos-id-zero", seed + 11, bs=3, width=4, rows_total=5, eos=0, counts=(4, 3, 4),
+                       eos_at=((0, 1), (1, 0), (2, 3)), room=(9, 9, 9))
+    yield _emit_sample("boundary-budget-exactly-met", seed + 3, bs=4, width=3, rows_total=4, room=(1, 2, 3, 3))
+    yield _emit_sample("boundary-eos-at-the-budget", seed + 4, bs=3, width=3, rows_total=5, eos=0,
+                       eos_at=((0, 0), (1, 1), (2, 2)), room=(1, 2, 2))
+    yield _emit_sample("boundary-finished-and-padded-lanes", seed + 5, bs=6, width=4, rows_total=8, eos=31999,
+                       dead=(1, 4, 5), pad_row=7, eos_at=((0, 1),))
+    yield _emit_sample("boundary-finished-rows", seed + 6, bs=4, width=2, rows_total=6, dead=(0, 2))
+    yield _emit_sample("boundary-one-token-steps", seed + 7, bs=5, width=1, rows_total=5, eos=7, eos_at=((2, 0),),
+                       room=(1, 1, 4, 2, 9))
+    yield _emit_sample("int32-rows-and-counts", seed + 8, bs=4, width=5, rows_total=9, eos=3, eos_at=((1, 4),),
+                       index_dtype=torch.int32)
+    yield _emit_sample("boundary-eos-vocab-edge", seed + 9, bs=3, width=4, rows_total=3, eos=31999,
+                       eos_at=((0, 3), (2, 0)), vocab=32000)
+
+
+def _emit_recipe(dtype: str):
+    from hypothesis import strategies as st
+
+    def build(t):
+        seed, bs, width, extra, with_eos, dead_count, padded = t
+        eos = 5 if with_eos else None
+        dead = tuple(range(min(dead_count, bs)))
+        planted = tuple((lane, (seed + lane) % width) for lane in range(bs) if (seed >> lane) & 1) if with_eos else ()
+        return _emit_sample("hyp", seed, bs=bs, width=width, rows_total=bs + extra + (1 if padded else 0), eos=eos,
+                            dead=dead, pad_row=bs + extra if padded else None, eos_at=planted, vocab=12)
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(1, 6), st.integers(0, 3), st.booleans(),
+                     st.integers(0, 3), st.booleans()).map(build)
+
+
+def _emit_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        state = {k: s.args[k].clone() for k in STATE}                         # the op writes the state in place
+        head, taken, done = ops.emit_tokens(**{**s.args, **state}, impl=which)
+        for name, t, dtype in (("head", head, torch.int64), ("taken", taken, torch.int64), ("finished", done, torch.bool)):
+            if t.dtype != dtype:     # EXACT compares values: the contract's dtypes are checked here
+                raise AssertionError(f"emit_tokens must return {name} as {dtype}, got {t.dtype}")
+        return {"head": head, "taken": taken, "finished": done, "seq_len": state["seq_len"],
+                "pending": state["pending"], "emitted": state["emitted"], "budget": state["budget"],
+                "finished_rows": state["finished"]}
+    return impl
+
+
+def _emit_ref(s: SampleInput) -> dict:
+    a = s.args
+    out = reference.emit_tokens(**{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in a.items()})
+    bs, width = a["produced"].shape
+    return {"head": torch.tensor(out["head"], dtype=torch.int64).view(bs, width + 2),
+            "taken": torch.tensor(out["taken"], dtype=torch.int64),
+            "finished": torch.tensor(out["finished"], dtype=torch.bool),
+            "seq_len": torch.tensor(out["seq_len"], dtype=torch.int64),
+            "pending": torch.tensor(out["pending"], dtype=torch.int64),
+            "emitted": torch.tensor(out["emitted"], dtype=torch.int64),
+            "budget": a["budget"].clone(),
+            "finished_rows": torch.tensor(out["finished_rows"], dtype=torch.bool)}
+
+
+def _emit_errors(which: str):
+    base = _emit_sample("base", 0, bs=3, width=4, rows_total=5, eos=1).args
+
+    def call(**changes):
+        return lambda: ops.emit_tokens(**{**{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in base.items()},
+                                          "impl": which, **changes})
+    produced, rows, count = base["produced"], base["rows"], base["count"]
+    yield ErrorInput("produced-1d", call(produced=produced[0]), ValueError, r"produced must be \[bs, W\]", "produced")
+    yield ErrorInput("produced-int32", call(produced=produced.int()), ValueError, "produced must be torch.int64",
+                     "produced")
+    yield ErrorInput("produced-list", call(produced=produced.tolist()), TypeError, "produced must be a torch.Tensor",
+                     "produced")
+    yield ErrorInput("count-short", call(count=count[:2]), ValueError, r"count must be \[bs\] = \[3\]", "count")
+    yield ErrorInput("rows-float", call(rows=rows.float()), ValueError, "rows must be int32 or int64", "rows")
+    yield ErrorInput("finished-int", call(finished=base["finished"].long()), ValueError,
+                     "finished must be torch.bool", "finished")
+    yield ErrorInput("budget-2d", call(budget=base["budget"][:, None]), ValueError,
+                     r"budget must be a 1-D request-state vector \[R\]", "budget")
+    yield ErrorInput("seq-len-other-length", call(seq_len=base["seq_len"][:4]), ValueError, "pending must have shape",
+                     "pending")
+    yield ErrorInput("eos-negative", call(eos_token_id=-1), ValueError, "eos_token_id must be an int >= 0",
+                     "eos_token_id")
+    yield ErrorInput("eos-float", call(eos_token_id=2.0), TypeError, "eos_token_id must be an int >= 0", "eos_token_id")
+    yield ErrorInput("checked-not-bool", call(checked="yes"), TypeError, "checked must be True, False or None",
+                     "checked")
+    yield ErrorInput("row-past-state", call(rows=torch.tensor([0, 1, 5])), ValueError,
+                     r"rows must be rows of the request state, in \[0, 5\)", "rows")
+    yield ErrorInput("count-zero", call(count=torch.tensor([1, 0, 2])), ValueError, r"count must lie in \[1, W = 4\]",
+                     "count")
+    yield ErrorInput("count-past-width", call(count=torch.tensor([1, 5, 2])), ValueError,
+                     r"count must lie in \[1, W = 4\]", "count")
+    yield ErrorInput("one-row-two-live-lanes", call(rows=torch.tensor([2, 2, 0])), ValueError,
+                     "must not name one unfinished row on two lanes", "rows")
+    yield ErrorInput("live-row-without-room", call(budget=base["emitted"].clone()), ValueError,
+                     "budget must exceed emitted on every unfinished row", "budget")
+    yield ErrorInput("bad-impl", call(impl="cuda"), ValueError, "impl must be one of", "impl")
+
+
+EMIT_COMPARE = {k: EXACT for k in ("head", "taken", "finished", "seq_len", "pending", "emitted", "budget",
+                                   "finished_rows")}
+
+RECORDS = (
+    OpSpec("emit_tokens", _emit_impl("torch"), _emit_ref, _emit_samples, _emit_recipe, lambda: _emit_errors("torch"),
+           only("float32"), EMIT_COMPARE, platform_dependent=False, max_examples=15, edge_exempt=EMIT_EDGE_EXEMPT),
+    OpSpec("emit_tokens_triton", _emit_impl("triton"), _emit_ref, _emit_samples, _emit_recipe,
+           lambda: _emit_errors("triton"), only("float32"), EMIT_COMPARE, platform_dependent=False, max_examples=5,
+           edge_exempt=EMIT_EDGE_EXEMPT),
+)
