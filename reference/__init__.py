@@ -24,13 +24,14 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
   accepted node copied into the request's slot by plain loops;
 - `dflash_correct_drafts_and_bonus`: DFlash's greedy block verify (section 6.9; its sampling
   variant is `stochastic_verify` on a chain);
+- `commit_accepted_kv`: the accepted path's K/V moved down after a tree verify (6.16);
 - `emit_tokens`: a decode step's EOS / max_new_tokens cut and the request state it moves (6.15);
 - `legacy_encode` / `legacy_decode` / `packed_header` / `split_header` / `packed_decode`: the
   speculative logprob message read byte by byte (docs/protocol.md).
 """
 
 from reference import eagle, naive_eagle
-from reference.attention import decode_attention_indexed, paged_attention, token_slots
+from reference.attention import commit_accepted_kv, decode_attention_indexed, paged_attention, token_slots
 from reference.dflash import dflash_correct_drafts_and_bonus
 from reference.emit import emit_tokens
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
@@ -76,6 +77,7 @@ __all__ = [
     "TokenLogprob",
     "add_rmsnorm",
     "build_tree",
+    "commit_accepted_kv",
     "convert_logits",
     "counter_uniform",
     "create_draft_kv_indices",

@@ -103,3 +103,25 @@ def token_slots(*, req_to_token, rows, kv_lens, q_lens, num_tokens: int, region:
         cells = table[row]
         out.append([cells[min(kv + region + t, len(cells) - 1)] if t < ql else sink for t in range(num_tokens)])
     return out
+
+
+def commit_accepted_kv(*, kv, req_to_token, rows, seq_lens, accept, live, sink: int = 0) -> list:
+    """-> kv after the commit, as nested lists [P][slots][...]: for every live lane and every depth
+    j of its accepted path (accept[b][j] >= 0), each plane's slot at index seq_lens[b] + j takes
+    what the slot at seq_lens[b] + accept[b][j] held before any move (indices clamped to the row's
+    last cell). `sink` names the slot padded work would write; nothing here touches it."""
+    before = np.asarray(kv).tolist()
+    after = np.asarray(kv).tolist()
+    table = [list(map(int, r)) for r in np.asarray(req_to_token).tolist()]
+    for row, n, path, on in zip(np.asarray(rows).tolist(), np.asarray(seq_lens).tolist(), np.asarray(accept).tolist(),
+                                np.asarray(live).tolist()):
+        if not on:
+            continue
+        cells = table[row]
+        for j, node in enumerate(path):
+            if node < 0:
+                continue
+            src, dst = cells[min(n + node, len(cells) - 1)], cells[min(n + j, len(cells) - 1)]
+            for p in range(len(after)):
+                after[p][dst] = before[p][src]
+    return after

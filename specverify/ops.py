@@ -21,6 +21,7 @@ from specverify.kernels.draft_search import MAX_TRITON_TOPK as MAX_SEARCH_TOPK, 
 from specverify.kernels.draft_select import MAX_TRITON_TOPK as MAX_SELECT_TOPK, select_topk_triton
 from specverify.kernels.emit import emit_impl
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
+from specverify.kernels.kv_commit import commit_kv_impl
 from specverify.kernels.launch import check_tensor, pick_impl
 from specverify.kernels.state_scatter import state_scatter_impl
 from specverify.kernels.token_slots import token_slots_impl
@@ -781,11 +782,17 @@ def emit_tokens(*, produced: torch.Tensor, count: torch.Tensor, rows: torch.Tens
         _index_tensor(name, t, 1, "[bs]", device)
         if t.shape != (bs,):
             raise ValueError(f"{name} must be [bs] = [{bs}] (one per lane of produced), got shape {tuple(t.shape)}")
-    for name, t in (("seq_len", seq_len), ("pending", pending), ("emitted", emitted), ("budget", budget),
-                    ("finished", finished)):
+    state = (("seq_len", seq_len), ("pending", pending), ("emitted", emitted), ("budget", budget), ("finished", finished))
+    for name, t in state:
         _tensor(name, t, "[R]")
         if t.dim() != 1:
             raise ValueError(f"{name} must be a 1-D request-state vector [R], got shape {tuple(t.shape)}")
+    lengths = {name: t.shape[0] for name, t in state}
+    if len(set(lengths.values())) > 1:
+        odd = next(name for name, n in lengths.items() if n != lengths["seq_len"])
+        raise ValueError(f"seq_len, pending, emitted, budget and finished must have one length R: seq_len has "
+                         f"{lengths['seq_len']}, {odd} {lengths[odd]}")
+    for name, t in state:
         check_tensor(name, t, (seq_len.shape[0],), torch.bool if name == "finished" else torch.int64, device)
     if eos_token_id is not None:
         eos_token_id = _count("eos_token_id", eos_token_id, 0, "or None")
@@ -801,3 +808,63 @@ def emit_tokens(*, produced: torch.Tensor, count: torch.Tensor, rows: torch.Tens
              "budget must exceed emitted on every unfinished row (a running request has room for a token)"),
         ])
     return emit_impl(produced, count, rows, seq_len, pending, emitted, budget, finished, eos_token_id, impl)
+
+
+def commit_accepted_kv(*, kv: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
+                       accept: torch.Tensor, live: torch.Tensor, sink: int = 0, impl: str = "auto",
+                       checked: bool | None = None) -> torch.Tensor:
+    """The K/V commit after a tree verify (docs/semantics.md 6.16): the accepted path moves down.
+
+    kv [P, slots, heads, head_dim] (every layer's K and V planes, heads x head_dim contiguous),
+    moved in place and returned. Lane b's verify wrote its tree nodes at cache indices
+    seq_lens[b] + node of slot-table row rows[b] (req_to_token [R, C], indices clamped to C - 1);
+    accept [bs, W] holds the node at each depth of its accepted path, -1 past it. For a live lane
+    (live [bs] bool) and every depth j with accept[b, j] >= 0, every plane's slot at index
+    seq_lens[b] + j gets what the slot at seq_lens[b] + accept[b, j] held before the call. A path
+    never moves a node up (accept[b, j] >= j). sink: the slot a torch-path no-op copies onto itself.
+    rows, seq_lens, accept: int32 or int64. checked: the value checks (rows inside the table,
+    seq_lens >= 0, accept >= -1, and on live lanes accept >= depth, every moved index inside its row
+    and every moved slot inside kv); None runs them on CPU tensors only. Arguments are keyword-only.
+    """
+    device = kv.device if isinstance(kv, torch.Tensor) else torch.device("cpu")
+    pick_impl(impl, device)
+    _tensor("kv", kv, "[P, slots, heads, head_dim]")
+    if kv.dim() != 4:
+        raise ValueError(f"kv must be 4-D [P, slots, heads, head_dim], got shape {tuple(kv.shape)}")
+    _layer_float("kv", kv)
+    if kv.stride(3) != 1 or kv.stride(2) != kv.shape[3]:
+        raise ValueError(f"kv must hold each slot's heads x head_dim contiguously (strides [..., {kv.shape[3]}, 1]), "
+                         f"got strides {tuple(kv.stride())}")
+    _index_tensor("req_to_token", req_to_token, 2, "[R, C]", device)
+    if req_to_token.shape[1] == 0:
+        raise ValueError(f"req_to_token must be [R, C] with C >= 1, got shape {tuple(req_to_token.shape)}")
+    _index_tensor("accept", accept, 2, "[bs, W]", device)
+    bs, w = accept.shape
+    for name, t in (("rows", rows), ("seq_lens", seq_lens)):
+        _index_tensor(name, t, 1, "[bs]", device)
+        if t.shape != (bs,):
+            raise ValueError(f"{name} must be [bs] = [{bs}] (one per row of accept), got shape {tuple(t.shape)}")
+    _tensor("live", live, "[bs] bool")
+    check_tensor("live", live, (bs,), torch.bool, device)
+    sink = _count("sink", sink, 0)
+    if sink >= kv.shape[1]:
+        raise ValueError(f"sink must be a slot of kv, in [0, {kv.shape[1]}), got {sink}")
+    if _value_checks(checked, device) and bs:
+        c = req_to_token.shape[1]
+        _raise_first([
+            ((rows < 0) | (rows >= req_to_token.shape[0]), f"rows must be rows of req_to_token, in [0, {req_to_token.shape[0]})"),
+            (seq_lens < 0, "seq_lens must be >= 0"),
+            (accept < -1, "accept must be >= -1 (-1 past the accepted path)"),
+        ])
+        j = torch.arange(w, device=device)[None, :]
+        kept = (accept >= 0) & live[:, None]
+        cells = req_to_token[rows.long()[:, None], (seq_lens.long()[:, None] + torch.maximum(accept.long(), j)).clamp(max=c - 1)]
+        slots = torch.cat([cells, req_to_token[rows.long()[:, None], (seq_lens.long()[:, None] + j).clamp(max=c - 1)]], 1)
+        _raise_first([
+            (kept & (accept < j), "accept must be >= its depth on live lanes (a path never moves a node up)"),
+            (kept & (seq_lens[:, None] + accept >= c),
+             f"seq_lens + accept must be < C = {c} on live lanes (a moved node inside its row)"),
+            (torch.cat([kept, kept], 1) & ((slots < 0) | (slots >= kv.shape[1])),
+             f"req_to_token must map the moved indices to slots of kv, in [0, {kv.shape[1]})"),
+        ])
+    return commit_kv_impl(kv, req_to_token, rows, seq_lens, accept, live, sink, impl)

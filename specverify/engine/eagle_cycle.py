@@ -32,7 +32,7 @@ from specverify.kernels.tree import build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models
 from specverify.models.kv_cache import SINK_SLOT
-from specverify.ops import draft_topk, emit_tokens
+from specverify.ops import commit_accepted_kv, draft_topk, emit_tokens
 from specverify.platform import PlatformProfile
 from specverify.spec.eagle import expand_search, finish_search, start_search
 
@@ -187,14 +187,8 @@ class EagleCycle:
         """Move accepted nodes' K/V down to [n, n+a+1) and keep the last one's recurrent state
         (and, with a tracking interval, the state at the last multiple among the `taken` tokens the
         EOS / budget cut lets through: a finishing request tracks only what it emitted)."""
-        table = self.cache.table.req_to_token
-        last_index = table.shape[1] - 1
-        j = torch.arange(accept.shape[1], device=rows.device)[None, :]
-        keep = (accept >= 0) & live[:, None]
-        src = table[rows[:, None], (n[:, None] + accept.clamp(min=0)).clamp(max=last_index)]
-        dst = table[rows[:, None], (n[:, None] + j).clamp(max=last_index)]
-        sink = torch.full_like(src, SINK_SLOT)
-        self.cache.kv.move(torch.where(keep, src, sink).flatten(), torch.where(keep, dst, sink).flatten())
+        commit_accepted_kv(kv=self.cache.kv.stacked, req_to_token=self.cache.table.req_to_token, rows=rows, seq_lens=n,
+                           accept=accept, live=live, sink=SINK_SLOT, checked=self.checked)
         last = accept.gather(1, num_correct[:, None])[:, 0]       # the tree position of the last accepted node
         tracked = None if self.track_interval is None else tracking_step(
             path=accept, num_correct=torch.minimum(num_correct, taken - 1), seq_lens=n, interval=self.track_interval,

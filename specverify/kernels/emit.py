@@ -12,7 +12,9 @@ that stopped earlier) takes nothing and writes nothing. The packed head a host r
 the taken tokens (-1 after them), taken, finished.
 
 The torch path is the gather / compare / where / scatter sequence a step used to run (about thirty
-kernels on a GPU, every step); the Triton kernel is one launch of one program per lane.
+kernels on a GPU, every step); it writes every lane's row, a finished row's values unchanged. The
+Triton kernel is one launch of one program per lane and leaves finished rows untouched. Both assume
+count >= 1 (`ops.emit_tokens` checks it).
 """
 
 from __future__ import annotations

@@ -128,19 +128,14 @@ class SlotTable:
 
 class KVBuffers:
     """Every layer's paged K and V: one tensor `[2L, slots, heads, head_dim]` (the L key layers,
-    then the L value layers), so a commit moves the slots of all layers in one gather and one
-    scatter; `k` / `v` hold the per-layer views `[slots, heads, head_dim]` the attention reads."""
+    then the L value layers), so a commit moves the slots of all layers in one op
+    (`ops.commit_accepted_kv`); `k` / `v` hold the per-layer views `[slots, heads, head_dim]` the attention reads."""
 
     def __init__(self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: str | torch.device = "cpu"):
         self.stacked = torch.zeros((2 * num_layers, num_slots, num_kv_heads, head_dim), dtype=dtype, device=device)
         views = list(self.stacked.unbind(0))
         self.k, self.v = views[:num_layers], views[num_layers:]
-
-    def move(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
-        """Copy K/V from `src_slots` to `dst_slots` (1-D, same length) in every layer: every source
-        is read before any destination is written (a slot may be both)."""
-        self.stacked[:, dst_slots] = self.stacked[:, src_slots]
 
 
 class StateBuffers:

@@ -12,6 +12,7 @@ from specverify import dtypes, ops
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.conformance import strategies as S
 from specverify.conformance.registry.core import CLOSE, EXACT, ErrorInput, OpSpec, SampleInput, only
+from specverify.conformance.registry.state_commit import _mss_bits, _mss_values
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,6 +540,147 @@ def _ts_errors(which: str):
     yield ErrorInput("bad-impl", call(impl="cuda"), ValueError, "impl must be one of", "impl")
 
 
+# ---------------------------------------------------------------------------------------------
+# commit_accepted_kv: the accepted path's K/V moved down after a tree verify (docs/semantics.md 6.16)
+
+KVC_BLOCK_EDGE = 256      # elements of a slot one inner step of the kernel copies, or may be tuned to: data here
+
+
+def _kvc_values(gen, planes, slots, elems, dtype, kind):
+    """kv [planes, slots, 1, elems] of `dtype`, values of state_commit's kinds (ulp: slot s holds
+    its plane-and-element base plus s ulps, so neighbouring slots differ by one ulp)."""
+    x = _mss_values(gen, (planes, elems, slots), dtype, kind)        # kind "ulp" steps along the last dim
+    return x.permute(0, 2, 1).contiguous().view(planes, slots, 1, elems)
+
+
+def _kvc_paths(gen, bs, width, nodes):
+    """Accepted paths [bs, width]: node 0, then strictly increasing nodes < `nodes` with node >= depth,
+    a random length in [1, width], -1 after."""
+    out = torch.full((bs, width), -1, dtype=torch.int64)
+    for b in range(bs):
+        length = int(torch.randint(1, width + 1, (), generator=gen))
+        node = 0
+        out[b, 0] = 0
+        for j in range(1, length):
+            room = nodes - (width - j) - node          # leave room for the deeper nodes: node >= depth
+            if room < 1:
+                break
+            node += int(torch.randint(1, room + 1, (), generator=gen))
+            out[b, j] = node
+    return out
+
+
+def _kvc_sample(name, seed, dtype, *, bs, width, nodes, context, elems=8, planes=4, kind="plain", dead=(), padded=0,
+                chain=False, at_row_end=False, paths=None, index_dtype=torch.int64) -> SampleInput:
+    """A table of bs + 2 rows (the last the pad row) x context cells of distinct slots (slot 0, the
+    sink, never mapped), kv of every slot; lane b's tree of `nodes` nodes sits at
+    [seq_lens[b], seq_lens[b] + nodes) of its row; its accepted path random (chain: no node moves).
+    dead: lanes not live, their paths garbage (nodes before their depth, past the row); padded: more
+    lanes on the pad row, not live. at_row_end: the trees end at the row's last cell."""
+    gen = torch.Generator().manual_seed(seed)
+    torch_dtype = dtypes.dtype_info(dtype).torch_dtype
+    rows_total = bs + 2
+    table = (torch.randperm(rows_total * context, generator=gen) + 1).view(rows_total, context)
+    slots = rows_total * context + 1
+    kv = _kvc_values(gen, planes, slots, elems, torch_dtype, kind)
+    rows = torch.randperm(rows_total - 1, generator=gen)[:bs]
+    room = context - nodes
+    seq_lens = torch.full((bs,), room) if at_row_end else torch.randint(0, room + 1, (bs,), generator=gen)
+    accept = _kvc_paths(gen, bs, width, nodes) if paths is None else torch.tensor(paths, dtype=torch.int64)
+    if chain:
+        accept = torch.where(accept >= 0, torch.arange(width)[None, :], -1)
+    live = torch.ones(bs, dtype=torch.bool)
+    for b in dead:
+        live[b] = False
+        accept[b] = torch.randint(-1, context + 3, (width,), generator=gen)
+    if padded:
+        rows = torch.cat([rows, torch.full((padded,), rows_total - 1)])
+        seq_lens = torch.cat([seq_lens, torch.zeros(padded, dtype=seq_lens.dtype)])
+        accept = torch.cat([accept, torch.randint(-1, nodes, (padded, width), generator=gen)])
+        live = torch.cat([live, torch.zeros(padded, dtype=torch.bool)])
+    args = {"kv": kv, "req_to_token": table.to(index_dtype), "rows": rows.to(index_dtype),
+            "seq_lens": seq_lens.to(index_dtype), "accept": accept.to(index_dtype), "live": live, "sink": 0}
+    return SampleInput(f"{name}-bs{rows.shape[0]}-W{width}-D{nodes}", args, seed)
+
+
+def _kvc_samples(dtype: str, seed: int):
+    yield _kvc_sample("empty-batch", seed, dtype, bs=0, width=3, nodes=4, context=8)
+    yield _kvc_sample("tree-paths", seed + 1, dtype, bs=4, width=4, nodes=8, context=14)
+    yield _kvc_sample("chain-moves-nothing", seed + 2, dtype, bs=3, width=4, nodes=4, context=9, chain=True)
+    yield _kvc_sample("dead-and-padded-lanes", seed + 3, dtype, bs=4, width=3, nodes=6, context=10, dead=(1, 3),
+                      padded=2)
+    yield _kvc_sample("boundary-trees-at-the-row-end", seed + 4, dtype, bs=3, width=4, nodes=7, context=9,
+                      at_row_end=True)
+    yield _kvc_sample("nan-inf-signed-zero-moved", seed + 5, dtype, bs=3, width=3, nodes=6, context=8, kind="nan")
+    yield _kvc_sample("ulp-adjacent-slots", seed + 6, dtype, bs=3, width=3, nodes=5, context=8, kind="ulp")
+    yield _kvc_sample("int32-indices", seed + 7, dtype, bs=3, width=3, nodes=5, context=8, index_dtype=torch.int32)
+    yield _kvc_sample("boundary-slot-past-one-block", seed + 8, dtype, bs=1, width=2, nodes=3, context=3,
+                      elems=KVC_BLOCK_EDGE + 3, planes=1, paths=[[0, 2]])
+    yield _kvc_sample("boundary-one-node-paths", seed + 9, dtype, bs=3, width=1, nodes=1, context=4)
+
+
+def _kvc_recipe(dtype: str):
+    from hypothesis import strategies as st
+
+    def build(t):
+        seed, bs, width, extra_nodes, spare, dead, padded, kind = t
+        nodes = width + extra_nodes
+        return _kvc_sample("hyp", seed, dtype, bs=bs, width=width, nodes=nodes, context=nodes + spare,
+                           dead=tuple(range(min(dead, bs))), padded=padded, kind=kind)
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 5), st.integers(1, 5), st.integers(0, 4), st.integers(0, 4),
+                     st.integers(0, 2), st.integers(0, 2), st.sampled_from(["plain", "nan", "ulp"])).map(build)
+
+
+def _kvc_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        kv = s.args["kv"].clone()                                   # the op moves in place
+        if ops.commit_accepted_kv(**{**s.args, "kv": kv}, impl=which) is not kv:
+            raise AssertionError("commit_accepted_kv must return the kv it was given")
+        return {"kv_bits": _mss_bits(kv)}
+    return impl
+
+
+def _kvc_ref(s: SampleInput) -> dict:
+    a = s.args
+    bits = _mss_bits(a["kv"])
+    out = reference.commit_accepted_kv(**{k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in a.items()
+                                          if k != "kv"}, kv=bits.numpy())
+    return {"kv_bits": torch.tensor(out, dtype=bits.dtype).view(bits.shape)}
+
+
+def _kvc_errors(which: str):
+    base = _kvc_sample("base", 0, "float32", bs=3, width=3, nodes=5, context=8).args
+
+    def call(**changes):
+        return lambda: ops.commit_accepted_kv(**{**{k: v.clone() if isinstance(v, torch.Tensor) else v
+                                                    for k, v in base.items()}, "impl": which, **changes})
+    kv, accept, rows = base["kv"], base["accept"], base["rows"]
+    yield ErrorInput("kv-3d", call(kv=kv[0]), ValueError, r"kv must be 4-D \[P, slots, heads, head_dim\]", "kv")
+    yield ErrorInput("kv-int", call(kv=kv.view(torch.int32)), ValueError, "kv dtype torch.int32 is not a layer dtype",
+                     "kv")
+    yield ErrorInput("kv-strided-heads", call(kv=kv.expand(-1, -1, 2, -1)), ValueError,
+                     "kv must hold each slot's heads x head_dim contiguously", "kv")
+    yield ErrorInput("accept-1d", call(accept=accept[0]), ValueError, r"accept must be 2-D \[bs, W\]", "accept")
+    yield ErrorInput("rows-short", call(rows=rows[:2]), ValueError, r"rows must be \[bs\] = \[3\]", "rows")
+    yield ErrorInput("live-int", call(live=base["live"].long()), ValueError, "live must be torch.bool", "live")
+    yield ErrorInput("seq-lens-list", call(seq_lens=base["seq_lens"].tolist()), TypeError,
+                     "seq_lens must be a torch.Tensor", "seq_lens")
+    yield ErrorInput("sink-past-kv", call(sink=kv.shape[1]), ValueError, "sink must be a slot of kv", "sink")
+    yield ErrorInput("checked-not-bool", call(checked=1), TypeError, "checked must be True, False or None", "checked")
+    yield ErrorInput("row-past-table", call(rows=torch.tensor([0, 1, 5])), ValueError,
+                     r"rows must be rows of req_to_token, in \[0, 5\)", "rows")
+    yield ErrorInput("accept-below-minus-one", call(accept=torch.tensor([[0, -2, -1], [0, 1, -1], [0, -1, -1]])),
+                     ValueError, "accept must be >= -1", "accept")
+    yield ErrorInput("node-moved-up", call(accept=torch.tensor([[0, 2, 1], [0, 1, -1], [0, -1, -1]])), ValueError,
+                     "accept must be >= its depth", "accept")
+    yield ErrorInput("node-past-row", call(seq_lens=torch.tensor([3, 0, 7]), accept=torch.tensor([[0, 1, 2], [0, -1, -1],
+                                                                                                   [0, 1, -1]])),
+                     ValueError, "seq_lens \\+ accept must be < C = 8", "seq_lens")
+    yield ErrorInput("bad-impl", call(impl="gpu"), ValueError, "impl must be one of", "impl")
+
+
+
+
 RECORDS = (
     OpSpec("paged_attention", _attn_impl("torch"), _attn_ref, _attn_samples(False), _attn_recipe,
            _attn_errors("torch"), only("float32", "float16", "bfloat16"), {"out": CLOSE}, platform_dependent=False,
@@ -556,6 +698,11 @@ RECORDS = (
            only("float32"), {"slots": EXACT}, platform_dependent=False, max_examples=15, edge_exempt=TS_EDGE_EXEMPT),
     OpSpec("token_slots_triton", _ts_impl("triton"), _ts_ref, _ts_samples, _ts_recipe, lambda: _ts_errors("triton"),
            only("float32"), {"slots": EXACT}, platform_dependent=False, max_examples=5, edge_exempt=TS_EDGE_EXEMPT),
+    OpSpec("commit_accepted_kv", _kvc_impl("torch"), _kvc_ref, _kvc_samples, _kvc_recipe, lambda: _kvc_errors("torch"),
+           only("float32", "bfloat16"), {"kv_bits": EXACT}, platform_dependent=False, max_examples=10),
+    OpSpec("commit_accepted_kv_triton", _kvc_impl("triton"), _kvc_ref, _kvc_samples, _kvc_recipe,
+           lambda: _kvc_errors("triton"), only("float32", "bfloat16"), {"kv_bits": EXACT}, platform_dependent=False,
+           max_examples=3),
     OpSpec("decode_attention_indexed", _ia_impl("torch"), _ia_ref, _ia_samples(False), _ia_recipe,
            _ia_errors("torch"), only("float32", "float16", "bfloat16", "float64"), {"out": CLOSE},
            platform_dependent=False, max_examples=10),

@@ -15,12 +15,15 @@ STATE = ("seq_len", "pending", "emitted", "budget", "finished")
 
 
 def _emit_sample(name, seed, *, bs, width, rows_total, eos=None, dead=(), pad_row=None, eos_at=(), room=None,
-                 counts=None, index_dtype=torch.int64, vocab=32000) -> SampleInput:
+                 counts=None, index_dtype=torch.int64, vocab=32000, strided=False, zeros_at=()) -> SampleInput:
     """Lanes on a permutation of bs of rows_total state rows (or, with pad_row, the lanes of
     `dead` all on that one finished row, as a graph's padded lanes are); counts in [1, width];
     tokens drawn below `vocab` and never equal to eos unless planted (eos_at: (lane, position) of
     each planted EOS, inside or past the lane's count); room: per lane budget - emitted (None:
-    drawn in [1, 2 * width]); counts: per lane (None: drawn)."""
+    drawn in [1, 2 * width]); counts: per lane (None: drawn); zeros_at: (lane, position) of planted
+    token-0 candidates; strided: the state vectors are columns of one [R, 3] tensor and produced every
+    other column of a wider one (the op reads and writes through strides). The pad row holds
+    budget = emitted = 0, as a decoder's does."""
     gen = torch.Generator().manual_seed(seed)
     rows = torch.randperm(rows_total, generator=gen)[:bs]
     if pad_row is not None:
@@ -33,6 +36,8 @@ def _emit_sample(name, seed, *, bs, width, rows_total, eos=None, dead=(), pad_ro
         produced = torch.where(produced == eos, (produced + 1) % vocab, produced)
         for lane, at in eos_at:
             produced[lane, at] = eos
+    for lane, at in zeros_at:
+        produced[lane, at] = 0
     seq_len = torch.randint(1, 2**20, (rows_total,), generator=gen)
     pending = torch.randint(0, vocab, (rows_total,), generator=gen)
     emitted = torch.randint(0, 50, (rows_total,), generator=gen)
@@ -43,9 +48,37 @@ def _emit_sample(name, seed, *, bs, width, rows_total, eos=None, dead=(), pad_ro
     finished[rows[list(dead)]] = True
     if pad_row is not None:
         finished[pad_row] = True
+        budget[pad_row] = emitted[pad_row] = 0
+    if strided:
+        produced = _columns(produced)
+        seq_len, pending, emitted, budget = (_column(v) for v in (seq_len, pending, emitted, budget))
+        finished = _column(finished)
     args = {"produced": produced, "count": count.to(index_dtype), "rows": rows.to(index_dtype), "seq_len": seq_len,
             "pending": pending, "emitted": emitted, "budget": budget, "finished": finished, "eos_token_id": eos}
     return SampleInput(f"{name}-bs{bs}-W{width}", args, seed)
+
+
+def _column(v: torch.Tensor) -> torch.Tensor:
+    """v as the middle column of a fresh [R, 3] tensor (stride 3)."""
+    out = torch.zeros((v.shape[0], 3), dtype=v.dtype)
+    out[:, 1] = v
+    return out[:, 1]
+
+
+def _columns(m: torch.Tensor) -> torch.Tensor:
+    """m [bs, W] as every other column of a fresh [bs, 2W] tensor (strides (2W, 2))."""
+    out = torch.zeros((m.shape[0], 2 * m.shape[1]), dtype=m.dtype)
+    out[:, ::2] = m
+    return out[:, ::2]
+
+
+def _same_strides(v: torch.Tensor) -> torch.Tensor:
+    """A copy of a state vector v with v's stride (clone() makes a strided view contiguous)."""
+    if v.is_contiguous():
+        return v.clone()
+    out = torch.zeros((v.shape[0], v.stride(0)), dtype=v.dtype)[:, 0]
+    out.copy_(v)
+    return out
 
 
 EMIT_EDGE_EXEMPT = (("nan", "token ids and counts in, token ids and counts out: no float anywhere"),
@@ -61,6 +94,10 @@ def _emit_samples(dtype: str, seed: int):
                        eos_at=((0, 1), (1, 3), (2, 3)), room=(8, 8, 8))
     yield _emit_sample("boundary-eos-id-zero", seed + 11, bs=3, width=4, rows_total=5, eos=0, counts=(4, 3, 4),
                        eos_at=((0, 1), (1, 0), (2, 3)), room=(9, 9, 9))
+    yield _emit_sample("no-eos-token-zero-candidates", seed + 12, bs=3, width=3, rows_total=4, counts=(3, 3, 2),
+                       zeros_at=((0, 1), (1, 0), (2, 1)), room=(9, 9, 9))
+    yield _emit_sample("strided-state-and-produced", seed + 13, bs=4, width=4, rows_total=6, eos=4, eos_at=((1, 1),),
+                       dead=(2,), strided=True)
     yield _emit_sample("boundary-budget-exactly-met", seed + 3, bs=4, width=3, rows_total=4, room=(1, 2, 3, 3))
     yield _emit_sample("boundary-eos-at-the-budget", seed + 4, bs=3, width=3, rows_total=5, eos=0,
                        eos_at=((0, 0), (1, 1), (2, 2)), room=(1, 2, 2))
@@ -91,7 +128,7 @@ def _emit_recipe(dtype: str):
 
 def _emit_impl(which: str):
     def impl(s: SampleInput, profile) -> dict:
-        state = {k: s.args[k].clone() for k in STATE}                         # the op writes the state in place
+        state = {k: _same_strides(s.args[k]) for k in STATE}                  # the op writes the state in place
         head, taken, done = ops.emit_tokens(**{**s.args, **state}, impl=which)
         for name, t, dtype in (("head", head, torch.int64), ("taken", taken, torch.int64), ("finished", done, torch.bool)):
             if t.dtype != dtype:     # EXACT compares values: the contract's dtypes are checked here
@@ -134,8 +171,10 @@ def _emit_errors(which: str):
                      "finished must be torch.bool", "finished")
     yield ErrorInput("budget-2d", call(budget=base["budget"][:, None]), ValueError,
                      r"budget must be a 1-D request-state vector \[R\]", "budget")
-    yield ErrorInput("seq-len-other-length", call(seq_len=base["seq_len"][:4]), ValueError, "pending must have shape",
-                     "pending")
+    yield ErrorInput("seq-len-other-length", call(seq_len=base["seq_len"][:4]), ValueError,
+                     "seq_len, pending, emitted, budget and finished must have one length R: seq_len has 4", "seq_len")
+    yield ErrorInput("budget-other-length", call(budget=base["budget"][:3]), ValueError,
+                     "must have one length R: seq_len has 5, budget 3", "budget")
     yield ErrorInput("eos-negative", call(eos_token_id=-1), ValueError, "eos_token_id must be an int >= 0",
                      "eos_token_id")
     yield ErrorInput("eos-float", call(eos_token_id=2.0), TypeError, "eos_token_id must be an int >= 0", "eos_token_id")
@@ -147,7 +186,11 @@ def _emit_errors(which: str):
                      "count")
     yield ErrorInput("count-past-width", call(count=torch.tensor([1, 5, 2])), ValueError,
                      r"count must lie in \[1, W = 4\]", "count")
+    yield ErrorInput("row-negative", call(rows=torch.tensor([-1, 0, 1])), ValueError,
+                     r"rows must be rows of the request state, in \[0, 5\)", "rows")
     yield ErrorInput("one-row-two-live-lanes", call(rows=torch.tensor([2, 2, 0])), ValueError,
+                     "must not name one unfinished row on two lanes", "rows")
+    yield ErrorInput("one-row-on-lanes-apart", call(rows=torch.tensor([2, 0, 2])), ValueError,
                      "must not name one unfinished row on two lanes", "rows")
     yield ErrorInput("live-row-without-room", call(budget=base["emitted"].clone()), ValueError,
                      "budget must exceed emitted on every unfinished row", "budget")

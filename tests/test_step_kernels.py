@@ -1,0 +1,137 @@
+"""A step's bookkeeping kernels inside the decoders (issue 25): the emit (`ops.emit_tokens`,
+docs/semantics.md 6.15) and the K/V commit after a tree verify (`ops.commit_accepted_kv`, 6.16).
+
+Each op's registry records hold its kernel against the reference sample by sample; here every
+decoder runs its EOS / budget cut and state update, and every EAGLE cycle its K/V commit, through
+the Triton kernels (interpreted on a CPU-only machine, native on a CUDA one: the CPU decoder's
+tensors go to the GPU for the call and come back), with the ops' value checks on, and its output
+must equal the reference decoder's: target-only, EAGLE (chain and tree), naive EAGLE. The runs
+meet an EOS the reference run emits (a mid-run token, and token id 0) and budgets that cut, through
+the engine with fewer rows than requests (reused rows) and padded lanes on one finished pad row,
+the lanes the kernels must leave alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specverify import Engine, SpecConfig, ops
+from specverify.engine import eagle_cycle, naive_cycle, target_only
+from specverify.kernels import emit
+from tests.support.cases import cached_models, ragged_prompts
+from tests.support.steering import steered_models
+from tests.test_continuous_batching import run_reference
+from tests.test_spec_trace import reference_hook
+
+ON_GPU = torch.cuda.is_available()
+STATE = ("seq_len", "pending", "emitted", "budget", "finished")
+ALGORITHMS = {
+    "target": None,
+    "eagle-chain": SpecConfig(num_steps=3, topk=1),
+    "eagle-tree": SpecConfig(num_steps=3, topk=2, num_draft_tokens=6, page_size=4),
+    "naive": SpecConfig(algorithm="naive_eagle"),
+}
+BUDGETS = [2, 9, 5, 12, 3, 7]
+
+
+def _on_device(fn, tensors: dict):
+    """fn(**tensors) through the Triton kernel: on a CUDA machine the CPU tensors go to the GPU
+    and every input the op writes in place comes back; returns fn's outputs on the CPU."""
+    if not ON_GPU or next(iter(tensors.values())).device.type == "cuda":
+        return fn(**tensors)
+    moved = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+    out = fn(**moved)
+    for k, v in tensors.items():
+        if isinstance(v, torch.Tensor):
+            v.copy_(moved[k].cpu())
+    return tuple(t.cpu() for t in out) if isinstance(out, tuple) else out.cpu()
+
+
+@pytest.fixture
+def step_kernels(monkeypatch):
+    """Every emit and every K/V commit of the decoders through the Triton kernels, checked."""
+    calls = {"emit": 0, "commit": 0}
+
+    def emit_tokens(*, checked=None, impl="auto", **tensors):
+        calls["emit"] += 1
+        return _on_device(lambda **t: ops.emit_tokens(**t, impl="triton", checked=True), tensors)
+
+    def commit_accepted_kv(*, checked=None, impl="auto", sink=0, **tensors):
+        calls["commit"] += 1
+        _on_device(lambda **t: ops.commit_accepted_kv(**t, sink=sink, impl="triton", checked=True), tensors)
+        return tensors["kv"]
+    for module in (eagle_cycle, naive_cycle, target_only):
+        monkeypatch.setattr(module, "emit_tokens", emit_tokens)
+    monkeypatch.setattr(eagle_cycle, "commit_accepted_kv", commit_accepted_kv)
+    return calls
+
+
+def _run(models, spec, prompts, budgets, eos):
+    engine = Engine(models, spec=spec, max_running=4, pad_batches=True, eos_token_id=eos)
+    for p, n in zip(prompts, budgets):
+        engine.add_request(p, n)
+    while engine.has_unfinished():
+        engine.step()
+    return engine.output().tokens
+
+
+def _case(algorithm, prompt_seed, budgets):
+    spec = ALGORITHMS[algorithm]
+    models = cached_models(compute_dtype="float64")
+    prompts = ragged_prompts(prompt_seed, len(budgets), models.config.vocab_size, max_len=6)
+    hook = None
+    if spec is not None:
+        models = steered_models(models, prompts, budgets, agreement=0.8, spec=spec)
+        hook = reference_hook(models.draft)
+    return spec, models, prompts, hook
+
+
+@pytest.mark.kernels
+@pytest.mark.e2e
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_decoders_through_the_step_kernels_equal_the_reference(step_kernels, algorithm):
+    spec, models, prompts, hook = _case(algorithm, 31, BUDGETS)
+    free = run_reference(models, hook, spec, prompts, {}, BUDGETS).tokens
+    eos = free[3][4]                           # request 3 meets it at its fifth token, mid-run
+    want = run_reference(models, hook, spec, prompts, {"eos_token_id": eos}, BUDGETS).tokens
+    got = _run(models, spec, prompts, BUDGETS, eos)
+    assert step_kernels["emit"], "no step went through the emit kernel"
+    if algorithm.startswith("eagle"):
+        assert step_kernels["commit"], "no cycle went through the K/V commit kernel"
+    assert got == want, f"{algorithm}: tokens through the step kernels differ from the reference"
+    assert want[3][-1] == eos and len(want[3]) < BUDGETS[3], "the case lost its EOS cut"
+    assert any(len(t) == n for t, n in zip(want, BUDGETS) if eos not in t), "no budget cut met"
+
+
+@pytest.mark.kernels
+@pytest.mark.e2e
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_token_id_zero_as_the_eos(step_kernels, algorithm):
+    """eos_token_id=0 is an EOS like any other (a truth test on it would read it as none)."""
+    budgets = [12] * 4
+    spec, models, prompts, hook = _case(algorithm, 8, budgets)
+    want = run_reference(models, hook, spec, prompts, {"eos_token_id": 0}, budgets).tokens
+    assert any(t[-1] == 0 and len(t) < 12 for t in want), "no request meets token 0 before its budget"
+    assert _run(models, spec, prompts, budgets, 0) == want
+
+
+def test_padded_lanes_leave_the_pad_row_alone():
+    """A padded bucket: the pad row's lanes take nothing and write nothing; the state rows of the
+    live lanes move as the reference says (the registry samples hold the same; this one runs the
+    kernel on the decoder's own state layout, the pad row shared by three lanes)."""
+    state = dict(seq_len=torch.tensor([7, 9, 11, 13, 0]), pending=torch.tensor([1, 2, 3, 4, 0]),
+                 emitted=torch.tensor([0, 3, 1, 0, 0]), budget=torch.tensor([4, 4, 9, 1, 0]),
+                 finished=torch.tensor([False, False, False, False, True]))
+    before = {k: v.clone() for k, v in state.items()}
+    produced = torch.tensor([[5, 6, 0, 0], [8, 9, 10, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [12, 0, 0, 0]])
+    head, taken, done = _on_device(
+        lambda **t: emit.emit_impl(t["produced"], t["count"], t["rows"], *(t[k] for k in STATE), None, "triton"),
+        dict(produced=produced, count=torch.tensor([2, 3, 1, 1, 1, 1]), rows=torch.tensor([2, 1, 4, 4, 4, 3]), **state))
+    assert taken.tolist() == [2, 1, 0, 0, 0, 1]
+    assert done.tolist() == [False, True, True, True, True, True]
+    assert head[:, -2:].tolist() == [[2, 0], [1, 1], [0, 1], [0, 1], [0, 1], [1, 1]]
+    assert head[2:5, :4].eq(-1).all()
+    assert state["seq_len"].tolist() == [7, 12, 13, 14, 0] and state["pending"].tolist() == [1, 10, 6, 12, 0]
+    assert state["emitted"].tolist() == [0, 4, 3, 1, 0] and state["finished"].tolist() == [False, True, False, True, True]
+    assert all(state[k][4] == before[k][4] for k in STATE), "the pad row changed"
