@@ -72,10 +72,12 @@ def _emit_kernel(prod_ptr, count_ptr, rows_ptr, seq_ptr, pend_ptr, emit_ptr, bud
     before = tl.load(emit_ptr + row * s_emit)
     room = tl.load(budget_ptr + row * s_budget) - before
     tokens = tl.load(prod_ptr + b * s_p0 + j * s_p1, mask=in_w, other=0)
-    stop_at = width
+    # Both branches make stop_at a tensor (a width of 1 is specialized to a constant when compiled).
     if HAS_EOS:
         hit = in_w & (j < count) & (tokens == eos)
-        stop_at = tl.min(tl.where(hit, j, width), axis=0)
+    else:
+        hit = j < 0
+    stop_at = tl.min(tl.where(hit, j, width), axis=0)
     taken = tl.minimum(tl.minimum(count, room), stop_at + 1)
     stop = (taken >= room) | (stop_at < taken)
     taken = tl.where(live, taken, 0)

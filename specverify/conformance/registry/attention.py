@@ -616,6 +616,7 @@ def _kvc_samples(dtype: str, seed: int):
     yield _kvc_sample("int32-indices", seed + 7, dtype, bs=3, width=3, nodes=5, context=8, index_dtype=torch.int32)
     yield _kvc_sample("boundary-slot-past-one-block", seed + 8, dtype, bs=1, width=2, nodes=3, context=3,
                       elems=KVC_BLOCK_EDGE + 3, planes=1, paths=[[0, 2]])
+    yield _kvc_sample("slot-width-not-a-power-of-two", seed + 10, dtype, bs=2, width=3, nodes=5, context=6, elems=24)
     yield _kvc_sample("boundary-one-node-paths", seed + 9, dtype, bs=3, width=1, nodes=1, context=4)
 
 

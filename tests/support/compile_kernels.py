@@ -1,0 +1,114 @@
+"""Compile every Triton kernel of specverify for an H100 (sm_90), on any machine, GPU or not.
+
+The CPU suite runs the kernels under the Triton interpreter, which executes their Python and
+never meets the compiler: a kernel can pass every interpreted test and still fail to compile for
+a GPU (a constexpr specialization, a type the interpreter lets through). This script, run in a
+process where TRITON_INTERPRET is unset, replaces the launch of every `@triton.jit` kernel with
+Triton's own argument binding and specialization (the path `JITFunction.run` takes) followed by a
+compile for `GPUTarget("cuda", 90, 32)` down to PTX and cubin (ptxas ships with triton), and
+launches nothing. It drives the launches through the Triton records of the op registry, every
+sample of every dtype a CUDA machine runs, so each kernel compiles with the arguments, dtypes and
+block sizes its wrapper really passes ("auto" takes the kernel, as on a GPU). It fails when a kernel does not compile or when no record
+launched it.
+
+    python -m tests.support.compile_kernels        # prints one line per compiled specialization
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+import traceback
+
+if os.environ.get("TRITON_INTERPRET"):
+    sys.exit("compile_kernels: unset TRITON_INTERPRET (the interpreter never compiles)")
+
+import triton  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, compile as triton_compile, make_backend  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+compiled: dict[str, set] = {}
+failures: list[str] = []
+
+
+def _compile_only(self, *args, grid, warmup, **kwargs):
+    """JITFunction.run up to the compile: bind, specialize, compile for TARGET, launch nothing."""
+    kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
+        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    backend = make_backend(TARGET)
+    binder = create_function_from_signature(self.signature, self.params, backend)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound_args, specialization, options)
+    key = repr((signature, sorted(constexprs.items(), key=repr), sorted(attrs.items(), key=repr), options))
+    name = f"{self.fn.__module__}.{self.fn.__name__}"
+    if key in compiled.setdefault(name, set()):
+        return None
+    compiled[name].add(key)
+    try:
+        triton_compile(ASTSource(self, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+    except Exception as e:          # noqa: BLE001 - every compile error is reported, with its kernel
+        failures.append(f"{name} {signature} {constexprs}: {type(e).__name__}: {str(e)[:1500]}")
+    return None
+
+
+def kernels() -> dict[str, JITFunction]:
+    """Every @triton.jit kernel defined in specverify.kernels."""
+    import specverify.kernels as package
+    found = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"specverify.kernels.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, JITFunction) and value.fn.__module__ == module.__name__:
+                found[f"{module.__name__}.{value.fn.__name__}"] = value
+    return found
+
+
+def main() -> int:
+    JITFunction.run = _compile_only
+    every = kernels()
+    import specverify.kernels as package
+    from specverify.kernels import launch
+    original = launch.pick_impl
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"specverify.kernels.{info.name}")
+        if hasattr(module, "check_launchable"):       # the wrappers' device check: CPU tensors go on
+            module.check_launchable = lambda kernel, device: None
+        if hasattr(module, "pick_impl"):              # "auto" takes the kernel, as on a GPU
+            module.pick_impl = lambda impl, device: "torch" if original(impl, device) == "torch" \
+                and impl == "torch" else "triton"
+    from specverify.conformance.registry import REGISTRY
+    from specverify.platform import get_profile
+    profile = get_profile("cpu")
+    for op in REGISTRY.values():
+        dtypes = sorted(set(op.dtypes_for("cuda")) | set(op.dtypes_for("cpu")))
+        for dtype in dtypes:
+            for sample in op.samples(dtype, 0):
+                try:
+                    op.impl(sample, profile)
+                except Exception:          # noqa: BLE001 - outputs of a launch that never ran are garbage
+                    pass
+    for name in sorted(compiled):
+        print(f"compiled {name}: {len(compiled[name])} specialization(s)")
+    missing = sorted(set(every) - set(compiled))
+    for name in missing:
+        failures.append(f"{name}: no registry record launched it (its wrapper is not covered)")
+    for line in failures:
+        print("FAIL", line)
+    print(f"triton {triton.__version__}, target sm_{TARGET.arch}: {len(compiled)} kernel(s), "
+          f"{sum(map(len, compiled.values()))} specialization(s), {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception:                      # noqa: BLE001
+        traceback.print_exc()
+        sys.exit(2)
