@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 from specverify.engine.penalties import active, penalize
+from specverify.kernels.argmax import row_argmax
 from specverify.validation import check_int, check_real
 
 # The smallest positive temperature (docs/semantics.md section 4). Dequantized logits are bounded
@@ -67,8 +68,10 @@ class SamplingParams:
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """First maximal index of the float32-upcast logits. logits: [N, V] any registry dtype -> [N]."""
-    return torch.argmax(logits.float(), dim=-1)
+    """First maximal index of the float32-upcast logits (NaN first). logits: [N, V] any registry
+    dtype -> [N] int64: the vocab-split Triton argmax on CUDA (the upcast inside the kernel, no
+    float32 copy of the rows), torch.argmax elsewhere."""
+    return row_argmax(logits)[:, 0]
 
 
 def _check_rows(name: str, t, dim: int, *, shape: tuple | None = None) -> None:
