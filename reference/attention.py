@@ -109,7 +109,8 @@ def commit_accepted_kv(*, kv, req_to_token, rows, seq_lens, accept, live, sink: 
     """-> kv after the commit, as nested lists [P][slots][...]: for every live lane and every depth
     j of its accepted path (accept[b][j] >= 0), each plane's slot at index seq_lens[b] + j takes
     what the slot at seq_lens[b] + accept[b][j] held before any move (indices clamped to the row's
-    last cell). `sink` names the slot padded work would write; nothing here touches it."""
+    last cell). `sink`: the slot padding writes, which a live move never names (the op refuses
+    that); unused here."""
     before = np.asarray(kv).tolist()
     after = np.asarray(kv).tolist()
     table = [list(map(int, r)) for r in np.asarray(req_to_token).tolist()]

@@ -824,7 +824,8 @@ def commit_accepted_kv(*, kv: torch.Tensor, req_to_token: torch.Tensor, rows: to
     never moves a node up (accept[b, j] >= j). sink: the slot a torch-path no-op copies onto itself.
     rows, seq_lens, accept: int32 or int64. checked: the value checks (rows inside the table,
     seq_lens >= 0, accept >= -1, and on live lanes accept >= depth, every moved index inside its row
-    and every moved slot inside kv); None runs them on CPU tensors only. Arguments are keyword-only.
+    and every moved slot inside kv and not the sink); None runs them on CPU tensors only. Arguments
+    are keyword-only.
     """
     device = kv.device if isinstance(kv, torch.Tensor) else torch.device("cpu")
     pick_impl(impl, device)
@@ -866,5 +867,7 @@ def commit_accepted_kv(*, kv: torch.Tensor, req_to_token: torch.Tensor, rows: to
              f"seq_lens + accept must be < C = {c} on live lanes (a moved node inside its row)"),
             (torch.cat([kept, kept], 1) & ((slots < 0) | (slots >= kv.shape[1])),
              f"req_to_token must map the moved indices to slots of kv, in [0, {kv.shape[1]})"),
+            (torch.cat([kept, kept], 1) & (slots == sink),
+             f"req_to_token must not map a moved index to the sink slot {sink} (only padding writes it)"),
         ])
     return commit_kv_impl(kv, req_to_token, rows, seq_lens, accept, live, sink, impl)

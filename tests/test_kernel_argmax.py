@@ -63,3 +63,20 @@ def test_argmax_nan_ranks_above_inf_first_nan_wins(impl, dtype):
     want = [greedy_token(row.float().numpy()) for row in values]
     assert got[:, 0].tolist() == want
     assert want[:2] == [50, 40]
+
+
+@pytest.mark.cuda
+def test_cuda_row_offsets_past_int32():
+    """A verify's bs x D rows of a big vocabulary pass 2**31 elements: the kernel's row offsets are
+    int64 (an int32 row * stride wraps negative there and reads another row). Three rows of a 4 GiB
+    bfloat16 buffer whose row stride is 2**30 elements; only their first 64 columns matter."""
+    dev = torch.device("cuda")
+    stride, vocab = 2 ** 30, 64
+    storage = torch.full((2 * stride + vocab,), -1.0, dtype=torch.bfloat16, device=dev)
+    x = storage.as_strided((3, vocab), (stride, 1))
+    x[0, 5], x[1, 17], x[2, 63] = 2.0, 3.0, 4.0
+    x[2, 0] = 4.0                                     # a tie: the first index wins
+    got = row_argmax(x, impl="triton").view(-1).tolist()
+    del storage, x
+    torch.cuda.empty_cache()
+    assert got == [5, 17, 0], f"rows past element 2**31 read the wrong row: {got}"

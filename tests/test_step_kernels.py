@@ -5,7 +5,7 @@ Each op's registry records hold its kernel against the reference sample by sampl
 decoder runs its EOS / budget cut and state update, and every EAGLE cycle its K/V commit, through
 the Triton kernels (interpreted on a CPU-only machine, native on a CUDA one: the CPU decoder's
 tensors go to the GPU for the call and come back), with the ops' value checks on, and its output
-must equal the reference decoder's: target-only, EAGLE (chain and tree), naive EAGLE. The runs
+must equal the reference decoder's: target-only, EAGLE (chain and tree), naive EAGLE, MTP, DFlash. The runs
 meet an EOS the reference run emits (a mid-run token, and token id 0) and budgets that cut, through
 the engine with fewer rows than requests (reused rows) and padded lanes on one finished pad row,
 the lanes the kernels must leave alone.
@@ -31,6 +31,8 @@ ALGORITHMS = {
     "eagle-chain": SpecConfig(num_steps=3, topk=1),
     "eagle-tree": SpecConfig(num_steps=3, topk=2, num_draft_tokens=6, page_size=4),
     "naive": SpecConfig(algorithm="naive_eagle"),
+    "mtp": SpecConfig(algorithm="mtp", num_steps=2),
+    "dflash": SpecConfig(algorithm="dflash", num_steps=3, page_size=4),
 }
 BUDGETS = [2, 9, 5, 12, 3, 7]
 
@@ -97,7 +99,7 @@ def test_decoders_through_the_step_kernels_equal_the_reference(step_kernels, alg
     want = run_reference(models, hook, spec, prompts, {"eos_token_id": eos}, BUDGETS).tokens
     got = _run(models, spec, prompts, BUDGETS, eos)
     assert step_kernels["emit"], "no step went through the emit kernel"
-    if algorithm.startswith("eagle"):
+    if spec is not None and spec.algorithm != "naive_eagle":
         assert step_kernels["commit"], "no cycle went through the K/V commit kernel"
     assert got == want, f"{algorithm}: tokens through the step kernels differ from the reference"
     assert want[3][-1] == eos and len(want[3]) < BUDGETS[3], "the case lost its EOS cut"

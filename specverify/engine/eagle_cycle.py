@@ -189,6 +189,8 @@ class EagleCycle:
         EOS / budget cut lets through: a finishing request tracks only what it emitted)."""
         commit_accepted_kv(kv=self.cache.kv.stacked, req_to_token=self.cache.table.req_to_token, rows=rows, seq_lens=n,
                            accept=accept, live=live, sink=SINK_SLOT, checked=self.checked)
+        if out.rec_states is None:
+            return                                                # no recurrent layers: nothing more to keep
         last = accept.gather(1, num_correct[:, None])[:, 0]       # the tree position of the last accepted node
         tracked = None if self.track_interval is None else tracking_step(
             path=accept, num_correct=torch.minimum(num_correct, taken - 1), seq_lens=n, interval=self.track_interval,

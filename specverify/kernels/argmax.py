@@ -24,7 +24,7 @@ def _block_argmax_kernel(
     stride_xn, stride_pn,
     BLOCK_V: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)      # row * stride passes 2**31 at bs x D x V rows of a verify
     blk = tl.program_id(1)
     cols = blk * BLOCK_V + tl.arange(0, BLOCK_V)
     live = cols < vocab
@@ -50,7 +50,7 @@ def _reduce_blocks_kernel(
     stride_pn,
     BLOCK_B: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)      # row * stride passes 2**31 at bs x D x V rows of a verify
     blks = tl.arange(0, BLOCK_B)
     live = blks < num_blocks
     vals = tl.load(part_val_ptr + row * stride_pn + blks, mask=live, other=float("-inf"))

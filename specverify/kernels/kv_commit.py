@@ -3,9 +3,11 @@
 A verify writes its D tree nodes' K/V at cache indices [n, n + D) of each request's row; the
 accepted path (node accept[j] at depth j, -1 after the path) must then sit at [n, n + j]: node
 accept[j]'s K/V moves to index n + j, in every layer. A path never moves a node up (accept[j] >= j:
-a node at depth j sits at tree position j or later), so the moves done in ascending j read each
-source before any move writes it, and a move with accept[j] == j (every move of a chain) is no
-move at all.
+a node at depth j sits at tree position j or later), so the moves done in ascending j never read
+a slot an earlier move wrote (a later move may only write a slot an earlier one read: the same
+thread holds each element across the moves, so program order keeps the read first), and a move
+with accept[j] == j (every move of a chain) is no move at all. A live move never touches the sink
+slot (`ops.commit_accepted_kv` checks), so the torch path's no-ops, sink onto sink, never meet one.
 
 The torch path is the gather / where / flatten and the one gather + one scatter over every layer a
 cycle used to run (about fifteen kernels on a GPU); the Triton kernel is one launch, one program per
@@ -53,7 +55,6 @@ def _commit_kv_kernel(kv_ptr, table_ptr, rows_ptr, seq_ptr, acc_ptr, live_ptr, l
                 m = off + e < ELEMS
                 x = tl.load(plane + src * s_kv1 + off + e, mask=m, other=0.0)
                 tl.store(plane + dst * s_kv1 + off + e, x, mask=m)
-            tl.debug_barrier()        # this move lands before a later one may read its slot
 
 
 def commit_kv_impl(kv: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,

@@ -20,6 +20,8 @@ Conventions of this module (the contract leaves them implicit):
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -322,15 +324,29 @@ def chain_tree(root_tokens: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: 
     check_tensor("root_tokens", root_tokens, (bs,), torch.int64, device)
     check_tensor("seq_lens", seq_lens, (bs,), torch.int64, device)
     d = s + 1
-    node = torch.arange(d, device=device)
-    after = node + 1
-    # The fields every request shares are one row expanded (read-only views: no copy per request).
+    node, parents, mask, first_child, next_sibling = _chain_rows(d, device)
+    # The fields every request shares are one row expanded (read-only views: no copy per request),
+    # made once per (D, device): a captured cycle replays no kernel for them.
     return DraftTree(
         tokens=torch.cat([root_tokens[:, None], draft_tokens], dim=1),
-        parents=(node - 1).expand(bs, d),
+        parents=parents.expand(bs, d),
         positions=seq_lens[:, None] + node[None, :],
-        mask=(node[None, :] <= node[:, None]).expand(bs, d, d),
-        first_child=torch.where(after < d, after, -1).expand(bs, d),
-        next_sibling=torch.full((d,), -1, dtype=torch.int64, device=device).expand(bs, d),
-        flat_index=torch.arange(bs * d, device=device).view(bs, d),
+        mask=mask.expand(bs, d, d),
+        first_child=first_child.expand(bs, d),
+        next_sibling=next_sibling.expand(bs, d),
+        flat_index=_flat_index(bs, d, device),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_rows(d: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A chain of d nodes: (node ids, parents, mask [d, d], first child, next sibling), read-only."""
+    node = torch.arange(d, device=device)
+    after = node + 1
+    return (node, node - 1, node[None, :] <= node[:, None], torch.where(after < d, after, -1),
+            torch.full((d,), -1, dtype=torch.int64, device=device))
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_index(bs: int, d: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(bs * d, device=device).view(bs, d)

@@ -571,12 +571,15 @@ def _kvc_paths(gen, bs, width, nodes):
 
 
 def _kvc_sample(name, seed, dtype, *, bs, width, nodes, context, elems=8, planes=4, kind="plain", dead=(), padded=0,
-                chain=False, at_row_end=False, paths=None, index_dtype=torch.int64) -> SampleInput:
+                chain=False, at_row_end=False, paths=None, index_dtype=torch.int64, layout="dense") -> SampleInput:
     """A table of bs + 2 rows (the last the pad row) x context cells of distinct slots (slot 0, the
     sink, never mapped), kv of every slot; lane b's tree of `nodes` nodes sits at
     [seq_lens[b], seq_lens[b] + nodes) of its row; its accepted path random (chain: no node moves).
     dead: lanes not live, their paths garbage (nodes before their depth, past the row); padded: more
-    lanes on the pad row, not live. at_row_end: the trees end at the row's last cell."""
+    lanes on the pad row, not live. at_row_end: the trees end at the row's last cell. paths: the
+    accepted paths (None: drawn). layout: "dense"; "strided-indices" (rows, seq_lens, accept and live
+    every other entry of wider tensors); "kv-heads-view" / "kv-slots-view" (kv a view of a bigger
+    buffer: a subset of its heads, or a range of its slots; the op must write nothing outside it)."""
     gen = torch.Generator().manual_seed(seed)
     torch_dtype = dtypes.dtype_info(dtype).torch_dtype
     rows_total = bs + 2
@@ -598,8 +601,20 @@ def _kvc_sample(name, seed, dtype, *, bs, width, nodes, context, elems=8, planes
         seq_lens = torch.cat([seq_lens, torch.zeros(padded, dtype=seq_lens.dtype)])
         accept = torch.cat([accept, torch.randint(-1, nodes, (padded, width), generator=gen)])
         live = torch.cat([live, torch.zeros(padded, dtype=torch.bool)])
-    args = {"kv": kv, "req_to_token": table.to(index_dtype), "rows": rows.to(index_dtype),
-            "seq_lens": seq_lens.to(index_dtype), "accept": accept.to(index_dtype), "live": live, "sink": 0}
+    rows, seq_lens, accept = rows.to(index_dtype), seq_lens.to(index_dtype), accept.to(index_dtype)
+    if layout == "strided-indices":
+        rows, seq_lens, live = (torch.stack([v, v], 1).flatten()[::2] for v in (rows, seq_lens, live))
+        accept = torch.stack([accept, accept], 2).flatten(1)[:, ::2]
+    elif layout == "kv-heads-view":
+        big = _kvc_values(gen, planes, slots, 2 * elems, torch_dtype, kind).view(planes, slots, 2, elems)
+        big[:, :, :1] = kv
+        kv = big[:, :, :1]
+    elif layout == "kv-slots-view":
+        big = _kvc_values(gen, planes, slots + 3, elems, torch_dtype, kind)
+        big[:, :slots] = kv
+        kv = big[:, :slots]
+    args = {"kv": kv, "req_to_token": table.to(index_dtype), "rows": rows, "seq_lens": seq_lens, "accept": accept,
+            "live": live, "sink": 0}
     return SampleInput(f"{name}-bs{rows.shape[0]}-W{width}-D{nodes}", args, seed)
 
 
@@ -617,6 +632,12 @@ def _kvc_samples(dtype: str, seed: int):
     yield _kvc_sample("boundary-slot-past-one-block", seed + 8, dtype, bs=1, width=2, nodes=3, context=3,
                       elems=KVC_BLOCK_EDGE + 3, planes=1, paths=[[0, 2]])
     yield _kvc_sample("slot-width-not-a-power-of-two", seed + 10, dtype, bs=2, width=3, nodes=5, context=6, elems=24)
+    yield _kvc_sample("strided-index-vectors", seed + 11, dtype, bs=3, width=3, nodes=6, context=8, dead=(1,),
+                      layout="strided-indices")
+    yield _kvc_sample("kv-a-view-of-more-heads", seed + 12, dtype, bs=2, width=3, nodes=5, context=6,
+                      layout="kv-heads-view")
+    yield _kvc_sample("kv-a-view-of-more-slots", seed + 13, dtype, bs=2, width=3, nodes=5, context=6,
+                      layout="kv-slots-view")
     yield _kvc_sample("boundary-one-node-paths", seed + 9, dtype, bs=3, width=1, nodes=1, context=4)
 
 
@@ -634,9 +655,18 @@ def _kvc_recipe(dtype: str):
 
 def _kvc_impl(which: str):
     def impl(s: SampleInput, profile) -> dict:
-        kv = s.args["kv"].clone()                                   # the op moves in place
+        # The op moves in place: its own copy of kv, with kv's strides and offset into a buffer of
+        # its own (a view of a bigger buffer stays one); the rest of that buffer must not change.
+        src = s.args["kv"]
+        base = src._base if src._base is not None else src
+        buffer = base.clone()
+        kv = buffer.as_strided(src.shape, src.stride(), src.storage_offset())
+        outside = torch.ones(base.shape, dtype=torch.bool, device=base.device)
+        outside.as_strided(src.shape, src.stride(), src.storage_offset()).fill_(False)
         if ops.commit_accepted_kv(**{**s.args, "kv": kv}, impl=which) is not kv:
             raise AssertionError("commit_accepted_kv must return the kv it was given")
+        if not torch.equal(_mss_bits(buffer)[outside], _mss_bits(base)[outside]):
+            raise AssertionError("commit_accepted_kv wrote outside the kv view it was given")
         return {"kv_bits": _mss_bits(kv)}
     return impl
 
@@ -672,6 +702,19 @@ def _kvc_errors(which: str):
                      r"rows must be rows of req_to_token, in \[0, 5\)", "rows")
     yield ErrorInput("accept-below-minus-one", call(accept=torch.tensor([[0, -2, -1], [0, 1, -1], [0, -1, -1]])),
                      ValueError, "accept must be >= -1", "accept")
+    yield ErrorInput("row-negative", call(rows=torch.tensor([-1, 0, 1])), ValueError,
+                     r"rows must be rows of req_to_token, in \[0, 5\)", "rows")
+    yield ErrorInput("seq-lens-negative", call(seq_lens=torch.tensor([-1, 0, 0])), ValueError, "seq_lens must be >= 0",
+                     "seq_lens")
+    row0, n0 = int(base["rows"][0]), int(base["seq_lens"][0])
+    past = base["req_to_token"].clone()
+    past[row0, n0] = kv.shape[1]
+    yield ErrorInput("moved-slot-past-kv", call(req_to_token=past), ValueError,
+                     rf"req_to_token must map the moved indices to slots of kv, in \[0, {kv.shape[1]}\)", "req_to_token")
+    onto_sink = base["req_to_token"].clone()
+    onto_sink[row0, n0] = 0
+    yield ErrorInput("moved-index-on-the-sink", call(req_to_token=onto_sink), ValueError,
+                     "req_to_token must not map a moved index to the sink slot 0", "req_to_token")
     yield ErrorInput("node-moved-up", call(accept=torch.tensor([[0, 2, 1], [0, 1, -1], [0, -1, -1]])), ValueError,
                      "accept must be >= its depth", "accept")
     yield ErrorInput("node-past-row", call(seq_lens=torch.tensor([3, 0, 7]), accept=torch.tensor([[0, 1, 2], [0, -1, -1],
@@ -700,10 +743,11 @@ RECORDS = (
     OpSpec("token_slots_triton", _ts_impl("triton"), _ts_ref, _ts_samples, _ts_recipe, lambda: _ts_errors("triton"),
            only("float32"), {"slots": EXACT}, platform_dependent=False, max_examples=5, edge_exempt=TS_EDGE_EXEMPT),
     OpSpec("commit_accepted_kv", _kvc_impl("torch"), _kvc_ref, _kvc_samples, _kvc_recipe, lambda: _kvc_errors("torch"),
-           only("float32", "bfloat16"), {"kv_bits": EXACT}, platform_dependent=False, max_examples=10),
+           only("float32", "bfloat16", "float16", "float64"), {"kv_bits": EXACT}, platform_dependent=False,
+           max_examples=10),
     OpSpec("commit_accepted_kv_triton", _kvc_impl("triton"), _kvc_ref, _kvc_samples, _kvc_recipe,
-           lambda: _kvc_errors("triton"), only("float32", "bfloat16"), {"kv_bits": EXACT}, platform_dependent=False,
-           max_examples=3),
+           lambda: _kvc_errors("triton"), only("float32", "bfloat16", "float16", "float64"), {"kv_bits": EXACT},
+           platform_dependent=False, max_examples=3),
     OpSpec("decode_attention_indexed", _ia_impl("torch"), _ia_ref, _ia_samples(False), _ia_recipe,
            _ia_errors("torch"), only("float32", "float16", "bfloat16", "float64"), {"out": CLOSE},
            platform_dependent=False, max_examples=10),
