@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,8 @@ def _has_nvidia_backend() -> bool:
 def test_every_triton_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    # Triton's compile cache in the system temp dir: writable on any runner, kept between runs.
+    env.setdefault("TRITON_CACHE_DIR", os.path.join(tempfile.gettempdir(), "specverify-triton-cache"))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     run = subprocess.run([sys.executable, "-m", "tests.support.compile_kernels"], cwd=ROOT, env=env,
                          capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=900)
