@@ -136,6 +136,7 @@ class EagleCycle:
         head, taken, finished = emit_tokens(produced=produced, count=count, rows=rows, seq_len=rs.seq_len,
                                             pending=rs.pending, emitted=rs.emitted, budget=rs.budget,
                                             finished=rs.finished, eos_token_id=self.eos, checked=self.checked)
+        # The state rows hold the cycle's results now: what follows reads n, live and roots, taken before.
         self._commit(rows, n, accept, num_correct, live, out, taken)
         if rs.penalty is not None:
             rs.penalty.record(rows, produced, taken)

@@ -125,13 +125,15 @@ class NaiveCycle:
         head, taken, finished = emit_tokens(produced=produced, count=count, rows=rows, seq_len=rs.seq_len,
                                             pending=rs.pending, emitted=rs.emitted, budget=rs.budget,
                                             finished=rs.finished, eos_token_id=self.eos, checked=False)
-        # The tracking slot only counts what the EOS / budget cut lets through (taken - 1 drafts).
-        tracked = None if self.track_interval is None else tracking_step(
-            path=torch.arange(2, device=rows.device).expand(bs, 2), num_correct=taken - 1, seq_lens=n,
-            interval=self.track_interval, live=live)
-        commit_recurrent_states(states=self.cache.states, recurrent=out.rec_states, conv=out.conv_states, rows=rows,
-                                steps=torch.where(live, count - 1, -1),   # the state after the last kept node
-                                tracking_steps=tracked)
+        # The state rows hold the cycle's results now: what follows reads n, live and roots, taken before.
+        if out.rec_states is not None:
+            # The tracking slot only counts what the EOS / budget cut lets through (taken - 1 drafts).
+            tracked = None if self.track_interval is None else tracking_step(
+                path=torch.arange(2, device=rows.device).expand(bs, 2), num_correct=taken - 1, seq_lens=n,
+                interval=self.track_interval, live=live)
+            commit_recurrent_states(states=self.cache.states, recurrent=out.rec_states, conv=out.conv_states,
+                                    rows=rows, steps=torch.where(live, count - 1, -1),   # the state after the last kept node
+                                    tracking_steps=tracked)
         if rs.penalty is not None:
             rs.penalty.record(rows, produced, taken)
 
