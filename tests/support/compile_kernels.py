@@ -1,17 +1,19 @@
-"""Compile every Triton kernel of specverify for an H100 (sm_90), on any machine, GPU or not.
+"""Compile every Triton kernel of specverify for an H100 (sm_90) or an MI300 (gfx942), on any machine,
+GPU or not.
 
 The CPU suite runs the kernels under the Triton interpreter, which executes their Python and
 never meets the compiler: a kernel can pass every interpreted test and still fail to compile for
 a GPU (a constexpr specialization, a type the interpreter lets through). This script, run in a
 process where TRITON_INTERPRET is unset, replaces the launch of every `@triton.jit` kernel with
 Triton's own argument binding and specialization (the path `JITFunction.run` takes) followed by a
-compile for `GPUTarget("cuda", 90, 32)` down to PTX and cubin (ptxas ships with triton), and
-launches nothing. It drives the launches through the Triton records of the op registry, every
-sample of every dtype a CUDA machine runs, so each kernel compiles with the arguments, dtypes and
+compile for the target (CUDA sm_90 down to PTX and cubin, ptxas ships with triton; or HIP gfx942
+down to AMDGCN and an hsaco), and launches nothing. It drives the launches through the Triton
+records of the op registry, every sample of every dtype the target's platform policy runs (cuda or
+rocm), so each kernel compiles with the arguments, dtypes and
 block sizes its wrapper really passes ("auto" takes the kernel, as on a GPU). It fails when a kernel does not compile or when no record
 launched it.
 
-    python -m tests.support.compile_kernels        # prints one line per compiled specialization
+    python -m tests.support.compile_kernels [cuda|rocm]   # one line per kernel, then a summary
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, compile as triton_compile, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
+TARGETS = {"cuda": GPUTarget("cuda", 90, 32), "rocm": GPUTarget("hip", "gfx942", 64)}
+TARGET = TARGETS["cuda"]
 compiled: dict[str, set] = {}
 failures: list[str] = []
 
@@ -70,7 +73,9 @@ def kernels() -> dict[str, JITFunction]:
     return found
 
 
-def main() -> int:
+def main(policy: str = "cuda") -> int:
+    global TARGET
+    TARGET = TARGETS[policy]
     JITFunction.run = _compile_only
     every = kernels()
     import specverify.kernels as package
@@ -87,7 +92,7 @@ def main() -> int:
     from specverify.platform import get_profile
     profile = get_profile("cpu")
     for op in REGISTRY.values():
-        dtypes = sorted(set(op.dtypes_for("cuda")) | set(op.dtypes_for("cpu")))
+        dtypes = sorted(set(op.dtypes_for(policy)) | set(op.dtypes_for("cpu")))
         for dtype in dtypes:
             for sample in op.samples(dtype, 0):
                 try:
@@ -101,14 +106,14 @@ def main() -> int:
         failures.append(f"{name}: no registry record launched it (its wrapper is not covered)")
     for line in failures:
         print("FAIL", line)
-    print(f"triton {triton.__version__}, target sm_{TARGET.arch}: {len(compiled)} kernel(s), "
+    print(f"triton {triton.__version__}, target {TARGET.backend} {TARGET.arch}: {len(compiled)} kernel(s), "
           f"{sum(map(len, compiled.values()))} specialization(s), {len(failures)} failure(s)")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        sys.exit(main(*sys.argv[1:2]))
     except Exception:                      # noqa: BLE001
         traceback.print_exc()
         sys.exit(2)
