@@ -117,3 +117,21 @@ def test_medium_preset_greedy_speculation_is_lossless_on_the_gpu():
             assert got == want, f"{spec.algorithm} topk {spec.topk}: request {r} diverges from target-only"
         accepted = [a for lens in out.accept_lengths for a in lens]
         assert sum(accepted) / len(accepted) > 1.5, f"{spec.algorithm}: the steered draft was never accepted"
+
+
+@pytest.mark.cuda
+def test_cuda_silu_mul_rows_past_int32():
+    """A long prefill of a big MLP passes 2**31 elements of gate_up: the kernel's row offsets are
+    int64 (an int32 row * stride wraps negative there and reads another row). Three rows of a 4 GiB
+    bfloat16 buffer whose row stride is 2**30 elements, against the reference."""
+    dev = torch.device("cuda")
+    stride, inter = 2 ** 30, 64
+    storage = torch.zeros(2 * stride + 2 * inter, dtype=torch.bfloat16, device=dev)
+    gate_up = storage.as_strided((3, 2 * inter), (stride, 1))
+    rows = (torch.randint(-16, 17, (3, 2 * inter), generator=torch.Generator().manual_seed(5)) / 4).to(torch.bfloat16)
+    gate_up.copy_(rows.to(dev))
+    got = fused_layers.silu_mul_impl(gate_up, impl="triton").cpu()
+    del storage, gate_up
+    torch.cuda.empty_cache()
+    want = torch.as_tensor(reference.silu_mul(gate_up=rows.double().numpy()))
+    assert_close(got, want, "bfloat16", "silu_mul of rows past element 2**31")

@@ -46,7 +46,7 @@ def use_triton(impl: str, x: torch.Tensor) -> bool:
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, hidden, eps,
                         s_xm, s_rm, s_om, s_sm,
                         HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)     # a long prefill's rows x stride may pass 2**31
     cols = tl.arange(0, BLOCK_H)
     live = cols < hidden
     s = tl.load(x_ptr + row * s_xm + cols, mask=live, other=0.0)
@@ -97,7 +97,7 @@ def _rotary_kv_write_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr,
                             num_q_heads, num_kv_heads,
                             s_xt, s_xh, s_pos, s_cs, s_qt, s_qh, s_ks, s_kh, s_vs, s_vh,
                             HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)       # a long prefill's tokens x stride may pass 2**31
     heads = tl.arange(0, BLOCK_HEADS)
     d = tl.arange(0, HALF)
     total = num_q_heads + 2 * num_kv_heads
@@ -167,7 +167,7 @@ def rotary_kv_write_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
 
 @triton.jit
 def _silu_mul_kernel(gu_ptr, out_ptr, inter, s_gm, s_om, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)     # tokens x 2I passes 2**31 at a 64K-token prefill of a big MLP
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = cols < inter
     g = tl.load(gu_ptr + row * s_gm + cols, mask=live, other=0.0).to(tl.float32)
