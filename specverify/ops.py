@@ -859,8 +859,8 @@ def commit_accepted_kv(*, kv: torch.Tensor, req_to_token: torch.Tensor, rows: to
         ])
         j = torch.arange(w, device=device)[None, :]
         kept = (accept >= 0) & live[:, None]
-        cells = req_to_token[rows.long()[:, None], (seq_lens.long()[:, None] + torch.maximum(accept.long(), j)).clamp(max=c - 1)]
-        slots = torch.cat([cells, req_to_token[rows.long()[:, None], (seq_lens.long()[:, None] + j).clamp(max=c - 1)]], 1)
+        moved = torch.cat([accept.long().clamp(min=0), j.expand(bs, w)], 1)      # each move's source, then destination
+        slots = req_to_token[rows.long()[:, None], (seq_lens.long()[:, None] + moved).clamp(max=c - 1)]
         _raise_first([
             (kept & (accept < j), "accept must be >= its depth on live lanes (a path never moves a node up)"),
             (kept & (seq_lens[:, None] + accept >= c),

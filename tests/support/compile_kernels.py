@@ -81,13 +81,16 @@ def main(policy: str = "cuda") -> int:
     import specverify.kernels as package
     from specverify.kernels import launch
     original = launch.pick_impl
+
+    def kernel_unless_torch(impl, device):
+        original(impl, device)                        # the argument check
+        return "torch" if impl == "torch" else "triton"
     for info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"specverify.kernels.{info.name}")
         if hasattr(module, "check_launchable"):       # the wrappers' device check: CPU tensors go on
             module.check_launchable = lambda kernel, device: None
         if hasattr(module, "pick_impl"):              # "auto" takes the kernel, as on a GPU
-            module.pick_impl = lambda impl, device: "torch" if original(impl, device) == "torch" \
-                and impl == "torch" else "triton"
+            module.pick_impl = kernel_unless_torch
     from specverify.conformance.registry import REGISTRY
     from specverify.platform import get_profile
     profile = get_profile("cpu")
