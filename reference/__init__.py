@@ -26,6 +26,7 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
   variant is `stochastic_verify` on a chain);
 - `commit_accepted_kv`: the accepted path's K/V moved down after a tree verify (6.16);
 - `emit_tokens`: a decode step's EOS / max_new_tokens cut and the request state it moves (6.15);
+- `accepted_tokens`: the candidate tokens a verify's accepted path makes, the emit's input in a cycle (6.17);
 - `legacy_encode` / `legacy_decode` / `packed_header` / `split_header` / `packed_decode`: the
   speculative logprob message read byte by byte (docs/protocol.md).
 """
@@ -33,7 +34,7 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 from reference import eagle, naive_eagle
 from reference.attention import commit_accepted_kv, decode_attention_indexed, paged_attention, token_slots
 from reference.dflash import dflash_correct_drafts_and_bonus
-from reference.emit import emit_tokens
+from reference.emit import accepted_tokens, emit_tokens
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
@@ -75,6 +76,7 @@ __all__ = [
     "RefTree",
     "ReferenceOutput",
     "TokenLogprob",
+    "accepted_tokens",
     "add_rmsnorm",
     "build_tree",
     "commit_accepted_kv",

@@ -5,6 +5,9 @@ that reaches its max_new_tokens or equals the EOS. What the step leaves in the r
 from that: the emitted count grows by what was appended, the finished flag says whether it stopped,
 the cached length grows by every candidate (the step cached them all), and the pending token is
 the last candidate. A lane whose request already finished appends nothing and changes nothing.
+
+In a speculative cycle the candidates come from the verify (6.17): the drafts on the accepted path,
+read off the tree one by one, then the bonus token.
 """
 
 from __future__ import annotations
@@ -37,3 +40,18 @@ def emit_tokens(*, produced, count, rows, seq_len, pending, emitted, budget, fin
         done_out.append(stopped)
     return {"head": head, "taken": taken_out, "finished": done_out, "seq_len": seq_len, "pending": pending,
             "emitted": emitted, "finished_rows": finished_rows}
+
+
+def accepted_tokens(*, tree_tokens, accept, num_correct, bonus) -> dict:
+    """tree_tokens: per lane its tree's tokens (node 0 the root); accept: per lane the accepted
+    nodes, root first; num_correct: per lane how many drafts were accepted; bonus: per lane the
+    token after them. -> {"produced": per lane the accepted drafts' tokens, the bonus, then 0 up to
+    the width of accept; "count": per lane the drafts plus the bonus}."""
+    produced, count = [], []
+    for tokens, path, n, extra in zip(tree_tokens, accept, num_correct, bonus):
+        width = len(path)
+        row = [tokens[path[depth]] for depth in range(1, n + 1)]
+        row.append(extra)
+        produced.append(row + [0] * (width - len(row)))
+        count.append(len(row))
+    return {"produced": produced, "count": count}

@@ -19,7 +19,7 @@ from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_im
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.kernels.draft_search import MAX_TRITON_TOPK as MAX_SEARCH_TOPK, BeamStep, expand_beams_impl
 from specverify.kernels.draft_select import MAX_TRITON_TOPK as MAX_SELECT_TOPK, select_topk_triton
-from specverify.kernels.emit import emit_impl
+from specverify.kernels.emit import accepted_tokens_impl, emit_impl
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.kv_commit import commit_kv_impl
 from specverify.kernels.launch import check_tensor, pick_impl
@@ -808,6 +808,49 @@ def emit_tokens(*, produced: torch.Tensor, count: torch.Tensor, rows: torch.Tens
              "budget must exceed emitted on every unfinished row (a running request has room for a token)"),
         ])
     return emit_impl(produced, count, rows, seq_len, pending, emitted, budget, finished, eos_token_id, impl)
+
+
+def accepted_tokens(*, tree_tokens: torch.Tensor, accept: torch.Tensor, num_correct: torch.Tensor,
+                    bonus: torch.Tensor, impl: str = "auto",
+                    checked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidate tokens a verify's accepted path makes (docs/semantics.md 6.17), the input of
+    `emit_tokens` in a speculative cycle.
+
+    tree_tokens [bs, D] int64: each lane's tree tokens (node 0 the root); accept [bs, W]: the
+    accepted nodes, root first, -1 past the path (6.3 / 6.4); num_correct [bs]: the accepted drafts
+    n, in [0, W - 1]; bonus [bs] int64: the token after the last of them. Returns (produced [bs, W]
+    int64: the tokens of nodes accept[1..n], then the bonus, then zeros; count [bs] int64 = n + 1).
+    accept and num_correct: int32 or int64. checked: the value checks (num_correct in [0, W - 1],
+    every node accept[1..n] a draft node, in [1, D)); None runs them on CPU tensors only.
+    Arguments are keyword-only.
+    """
+    pick_impl(impl, accept.device if isinstance(accept, torch.Tensor) else torch.device("cpu"))
+    _index_tensor("accept", accept, 2, "[bs, W]", None)
+    bs, w = accept.shape
+    if w < 1:
+        raise ValueError(f"accept must be [bs, W] with W >= 1 (the root's column), got shape {tuple(accept.shape)}")
+    device = accept.device
+    _tensor("tree_tokens", tree_tokens, "[bs, D] int64")
+    if tree_tokens.dim() != 2 or tree_tokens.shape[0] != bs or tree_tokens.shape[1] < 1:
+        raise ValueError(f"tree_tokens must be [bs, D] = [{bs}, D >= 1] (one row per lane of accept), "
+                         f"got shape {tuple(tree_tokens.shape)}")
+    d = tree_tokens.shape[1]
+    check_tensor("tree_tokens", tree_tokens, (bs, d), torch.int64, device)
+    _index_tensor("num_correct", num_correct, 1, "[bs]", device)
+    if num_correct.shape != (bs,):
+        raise ValueError(f"num_correct must be [bs] = [{bs}] (one per lane of accept), got shape "
+                         f"{tuple(num_correct.shape)}")
+    _tensor("bonus", bonus, "[bs] int64")
+    check_tensor("bonus", bonus, (bs,), torch.int64, device)
+    if _value_checks(checked, device) and bs:
+        j = torch.arange(w, device=device)[None, :]
+        on_path = (j >= 1) & (j <= num_correct.long()[:, None])
+        _raise_first([
+            ((num_correct < 0) | (num_correct > w - 1), f"num_correct must lie in [0, W - 1 = {w - 1}]"),
+            (on_path & ((accept < 1) | (accept >= d)),
+             f"accept[b, 1..num_correct[b]] must be draft nodes, in [1, D = {d})"),
+        ])
+    return accepted_tokens_impl(tree_tokens, accept, num_correct, bonus, impl)
 
 
 def commit_accepted_kv(*, kv: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,

@@ -1,14 +1,15 @@
 """A step's bookkeeping kernels inside the decoders (issue 25): the emit (`ops.emit_tokens`,
-docs/semantics.md 6.15) and the K/V commit after a tree verify (`ops.commit_accepted_kv`, 6.16).
+docs/semantics.md 6.15), the K/V commit after a tree verify (`ops.commit_accepted_kv`, 6.16) and a
+cycle's candidate tokens from its accepted path (`ops.accepted_tokens`, 6.17).
 
 Each op's registry records hold its kernel against the reference sample by sample; here every
-decoder runs its EOS / budget cut and state update, and every EAGLE cycle its K/V commit, through
-the Triton kernels (interpreted on a CPU-only machine, native on a CUDA one: the CPU decoder's
-tensors go to the GPU for the call and come back), with the ops' value checks on, and its output
-must equal the reference decoder's: target-only, EAGLE (chain and tree), naive EAGLE, MTP, DFlash. The runs
-meet an EOS the reference run emits (a mid-run token, and token id 0) and budgets that cut, through
-the engine with fewer rows than requests (reused rows) and padded lanes on one finished pad row,
-the lanes the kernels must leave alone.
+decoder runs its EOS / budget cut and state update, and every EAGLE cycle its accepted tokens and
+its K/V commit, through the Triton kernels (interpreted on a CPU-only machine, native on a CUDA
+one: the CPU decoder's tensors go to the GPU for the call and come back), with the ops' value
+checks on, and its output must equal the reference decoder's: target-only, EAGLE (chain and tree),
+naive EAGLE, MTP, DFlash. The runs meet an EOS the reference run emits (a mid-run token, and token
+id 0) and budgets that cut, through the engine with fewer rows than requests (reused rows) and
+padded lanes on one finished pad row, the lanes the kernels must leave alone.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def _on_device(fn, tensors: dict):
 
 @pytest.fixture
 def step_kernels(monkeypatch):
-    """Every emit and every K/V commit of the decoders through the Triton kernels, checked."""
-    calls = {"emit": 0, "commit": 0}
+    """Every emit, every accepted-token list and every K/V commit of the decoders through the
+    Triton kernels, checked."""
+    calls = {"emit": 0, "commit": 0, "accepted": 0}
 
     def emit_tokens(*, checked=None, impl="auto", **tensors):
         calls["emit"] += 1
@@ -63,9 +65,14 @@ def step_kernels(monkeypatch):
         calls["commit"] += 1
         _on_device(lambda **t: ops.commit_accepted_kv(**t, sink=sink, impl="triton", checked=True), tensors)
         return tensors["kv"]
+
+    def accepted_tokens(*, checked=None, impl="auto", **tensors):
+        calls["accepted"] += 1
+        return _on_device(lambda **t: ops.accepted_tokens(**t, impl="triton", checked=True), tensors)
     for module in (eagle_cycle, naive_cycle, target_only):
         monkeypatch.setattr(module, "emit_tokens", emit_tokens)
     monkeypatch.setattr(eagle_cycle, "commit_accepted_kv", commit_accepted_kv)
+    monkeypatch.setattr(eagle_cycle, "accepted_tokens", accepted_tokens)
     return calls
 
 
@@ -101,6 +108,7 @@ def test_decoders_through_the_step_kernels_equal_the_reference(step_kernels, alg
     assert step_kernels["emit"], "no step went through the emit kernel"
     if spec is not None and spec.algorithm != "naive_eagle":
         assert step_kernels["commit"], "no cycle went through the K/V commit kernel"
+        assert step_kernels["accepted"], "no cycle went through the accepted-tokens kernel"
     assert got == want, f"{algorithm}: tokens through the step kernels differ from the reference"
     assert want[3][-1] == eos and len(want[3]) < BUDGETS[3], "the case lost its EOS cut"
     assert any(len(t) == n for t, n in zip(want, BUDGETS) if eos not in t), "no budget cut met"

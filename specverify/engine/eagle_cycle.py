@@ -32,7 +32,7 @@ from specverify.kernels.tree import build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models
 from specverify.models.kv_cache import SINK_SLOT
-from specverify.ops import commit_accepted_kv, draft_topk, emit_tokens
+from specverify.ops import accepted_tokens, commit_accepted_kv, draft_topk, emit_tokens
 from specverify.platform import PlatformProfile
 from specverify.spec.eagle import expand_search, finish_search, start_search
 
@@ -125,14 +125,10 @@ class EagleCycle:
         out = self.models.target.forward(self.cache, batch, commit_state=False)
         accept, num_correct, bonus = self._accept(tree, out, rows, req_ids, n)
 
-        w = self.S + 1
-        j = torch.arange(w, device=rows.device)[None, :]
-        drafts = tree.tokens.gather(1, accept[:, 1:].clamp(min=0))          # [bs, S] accepted drafts
-        produced = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], 1)
-        count = num_correct + 1
-        produced = torch.where(j == num_correct[:, None], bonus[:, None], produced)
-        produced = torch.where(j < count[:, None], produced, 0)
-        # The EOS / budget cut and the state update (section 5, 6.15): one op, in place.
+        # The accepted drafts then the bonus (6.17), and the EOS / budget cut with the state update
+        # (section 5, 6.15): one op each, the state written in place.
+        produced, count = accepted_tokens(tree_tokens=tree.tokens, accept=accept, num_correct=num_correct, bonus=bonus,
+                                          checked=self.checked)
         head, taken, finished = emit_tokens(produced=produced, count=count, rows=rows, seq_len=rs.seq_len,
                                             pending=rs.pending, emitted=rs.emitted, budget=rs.budget,
                                             finished=rs.finished, eos_token_id=self.eos, checked=self.checked)
@@ -142,14 +138,14 @@ class EagleCycle:
             rs.penalty.record(rows, produced, taken)
 
         # Draft-extend over the accepted drafts and the bonus, fed by the target hidden states.
-        ar = torch.arange(rows.shape[0], device=rows.device)
-        feats = out.hidden[ar[:, None], accept.clamp(min=0)]                # [bs, W, H]
+        nodes = accept.clamp(min=0)                                         # past the path: the root's row
+        feats = out.hidden.gather(1, nodes[:, :, None].expand(-1, -1, out.hidden.shape[2]))     # [bs, W, H]
         self.draft(rows, produced, count, feats, n, req_ids, ~finished)
 
         packed = torch.cat([head, tree.tokens, tree.parents, accept], 1)
         result = {"packed": packed}
         if self.with_logits:
-            nodes = accept.clamp(min=0)
+            ar = torch.arange(rows.shape[0], device=rows.device)
             result["logits"] = out.logits[ar[:, None], nodes]                # [bs, W, V]
             result["scale"] = out.scale[ar[:, None], nodes]                  # [bs, W, 1]
         return result

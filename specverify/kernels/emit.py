@@ -1,5 +1,6 @@
 """The emit of a decode step (docs/semantics.md 6.15): the EOS / max_new_tokens cut of section 5
-and the request state it moves, in one kernel.
+and the request state it moves, in one kernel; and, before it in a speculative cycle, the candidate
+tokens a verify's accepted path makes (6.17), in another.
 
 A step hands each lane's candidate tokens in order (`produced [bs, W]`, `count [bs]` of them
 real: a cycle's accepted drafts and its bonus, a target step's one token) and the rows of the
@@ -118,3 +119,50 @@ def emit_impl(produced: torch.Tensor, count: torch.Tensor, rows: torch.Tensor, s
         seq_len.stride(0), pending.stride(0), emitted.stride(0), budget.stride(0), finished.stride(0),
         HAS_EOS=eos is not None, BLOCK_W=max(triton.next_power_of_2(w), 2), num_warps=1)
     return head, taken, done
+
+
+def _accepted_torch(tree_tokens, accept, num_correct, bonus):
+    w = accept.shape[1]
+    j = torch.arange(w, device=accept.device)[None, :]
+    n = num_correct.long()[:, None]
+    drafts = tree_tokens.gather(1, accept[:, 1:].long().clamp(min=0))            # [bs, W - 1]
+    drafts = torch.cat([drafts, drafts.new_zeros((drafts.shape[0], 1))], 1)       # the bonus's column
+    produced = torch.where(j < n, drafts, torch.where(j == n, bonus[:, None], 0))
+    return produced, n[:, 0] + 1
+
+
+@triton.jit
+def _accepted_kernel(tok_ptr, acc_ptr, nc_ptr, bonus_ptr, prod_ptr, count_ptr, width,
+                     s_t0, s_t1, s_a0, s_a1, s_n, s_b, s_p0,
+                     BLOCK_W: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, BLOCK_W)
+    n = tl.load(nc_ptr + b * s_n).to(tl.int64)
+    bonus = tl.load(bonus_ptr + b * s_b)
+    # Depth j < n holds the draft at the path's node j + 1 (node 0, the root, is not emitted again).
+    draft = (j < n) & (j + 1 < width)
+    node = tl.load(acc_ptr + b * s_a0 + (j + 1) * s_a1, mask=draft, other=0).to(tl.int64)
+    token = tl.load(tok_ptr + b * s_t0 + node * s_t1, mask=draft, other=0)
+    token = tl.where(j == n, bonus, token)
+    tl.store(prod_ptr + b * s_p0 + j, token, mask=j < width)
+    tl.store(count_ptr + b, n + 1)
+
+
+def accepted_tokens_impl(tree_tokens: torch.Tensor, accept: torch.Tensor, num_correct: torch.Tensor,
+                         bonus: torch.Tensor, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(produced [bs, W] int64, count [bs] int64) of a verify's accepted path (no argument checks:
+    `ops.accepted_tokens` checks)."""
+    if pick_impl(impl, accept.device) == "torch":
+        return _accepted_torch(tree_tokens, accept, num_correct, bonus)
+    check_launchable(_accepted_kernel, accept.device)
+    bs, w = accept.shape
+    produced = torch.empty((bs, w), dtype=torch.int64, device=accept.device)
+    count = torch.empty(bs, dtype=torch.int64, device=accept.device)
+    if bs == 0:
+        return produced, count
+    _accepted_kernel[(bs,)](
+        tree_tokens, accept, num_correct, bonus, produced, count, w,
+        tree_tokens.stride(0), tree_tokens.stride(1), accept.stride(0), accept.stride(1), num_correct.stride(0),
+        bonus.stride(0), produced.stride(0),
+        BLOCK_W=max(triton.next_power_of_2(w), 2), num_warps=1)
+    return produced, count

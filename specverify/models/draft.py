@@ -46,6 +46,13 @@ class DraftHead:
         the draft cache and returns the hidden [bs, q, H]. A draft-extend whose logits nobody reads
         (an MTP head past the first, DFlash's context rows) calls this instead of `forward`, and
         pays for no full-vocabulary matmul."""
+        x, mlp = self._layer(cache, batch, features)
+        return x + mlp
+
+    def _layer(self, cache: ModelCache, batch: layers.Batch,
+               features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's layer up to its last residual add: (residual stream [bs, q, H], MLP output);
+        the hidden state is their sum."""
         cfg, w = self.config, self.w
         x = torch.cat([self.embed[batch.input_ids], features.to(self.embed.dtype)], dim=-1) @ w["fc"]
         n, _ = layers.add_rmsnorm(x, None, w["layer.attn_norm"], cfg.norm_eps)
@@ -54,7 +61,7 @@ class DraftHead:
                                  table, layers.plan_attention(batch, table, self.rotary, x.dtype),
                                  num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
         n, x = layers.add_rmsnorm(x, mixed, w["layer.mlp_norm"], cfg.norm_eps)
-        return x + layers.swiglu_mlp(n, w, "layer")
+        return x, layers.swiglu_mlp(n, w, "layer")
 
     def compute_logits(self, cache: ModelCache, batch: layers.Batch,
                        features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,8 +69,8 @@ class DraftHead:
 
         Returns (logits [bs, q, V] in the compute dtype, hidden [bs, q, H]); writes the new
         tokens' K/V into the draft cache."""
-        x = self.hidden_states(cache, batch, features)
-        n, _ = layers.add_rmsnorm(x, None, self.w["final_norm"], self.config.norm_eps)
+        # The last residual add rides in the final norm's kernel (its sum is the hidden state).
+        n, x = layers.add_rmsnorm(*self._layer(cache, batch, features), self.w["final_norm"], self.config.norm_eps)
         return n @ self.lm_head, x
 
     def deliver(self, logits: torch.Tensor, hidden: torch.Tensor) -> ForwardOutput:

@@ -1,5 +1,5 @@
 """The emit of a decode step: the EOS / max_new_tokens cut and the request state it moves
-(docs/semantics.md 6.15).
+(docs/semantics.md 6.15), and the candidate tokens a verify's accepted path makes (6.17).
 
 Records of the op registry (specverify/conformance/registry/__init__.py)."""
 
@@ -200,10 +200,122 @@ def _emit_errors(which: str):
 EMIT_COMPARE = {k: EXACT for k in ("head", "taken", "finished", "seq_len", "pending", "emitted", "budget",
                                    "finished_rows")}
 
+def _accepted_sample(name, seed, *, bs, width, nodes, counts=None, index_dtype=torch.int64, vocab=32000,
+                     zeros_at=(), junk_past_path=False, strided=False, bonus=None) -> SampleInput:
+    """Each lane a tree of `nodes` tokens below vocab (zeros_at: (lane, node) of planted token-0
+    nodes) and an accepted path of counts[b] (drawn in [0, width - 1] when None) draft nodes,
+    strictly increasing in [1, nodes) as a tree's are; past the path -1, or (junk_past_path) node
+    ids the op must not read. bonus: per lane (None: drawn below vocab). strided: tree_tokens and
+    accept every other column of wider tensors, num_correct and bonus columns of [bs, 3] ones."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (bs, nodes), generator=gen)
+    for lane, node in zeros_at:
+        tokens[lane, node] = 0
+    n = torch.randint(0, width, (bs,), generator=gen) if counts is None else torch.tensor(counts, dtype=torch.int64)
+    accept = torch.full((bs, width), -1, dtype=torch.int64)
+    if junk_past_path:
+        accept = torch.randint(0, nodes, (bs, width), generator=gen)
+    accept[:, 0] = 0
+    for lane in range(bs):
+        path = torch.randperm(nodes - 1, generator=gen)[:int(n[lane])].sort().values + 1
+        accept[lane, 1:1 + path.numel()] = path
+    extra = torch.randint(0, vocab, (bs,), generator=gen) if bonus is None else torch.tensor(bonus, dtype=torch.int64)
+    accept, n = accept.to(index_dtype), n.to(index_dtype)
+    if strided:
+        tokens, accept = _columns(tokens), _columns(accept)
+        n, extra = _column(n), _column(extra)
+    args = {"tree_tokens": tokens, "accept": accept, "num_correct": n, "bonus": extra}
+    return SampleInput(f"{name}-bs{bs}-W{width}-D{nodes}", args, seed)
+
+
+def _accepted_samples(dtype: str, seed: int):
+    yield _accepted_sample("empty-batch", seed, bs=0, width=4, nodes=4)
+    yield _accepted_sample("random-paths", seed + 1, bs=6, width=4, nodes=8)
+    yield _accepted_sample("boundary-none-and-all-accepted", seed + 2, bs=4, width=4, nodes=6, counts=(0, 3, 0, 3))
+    yield _accepted_sample("boundary-one-column", seed + 3, bs=3, width=1, nodes=1, counts=(0, 0, 0))
+    yield _accepted_sample("boundary-token-zero-and-bonus-zero", seed + 4, bs=4, width=4, nodes=5, counts=(2, 1, 3, 0),
+                           zeros_at=((0, 1), (0, 2), (1, 3), (2, 4)), bonus=(0, 0, 7, 0))
+    yield _accepted_sample("boundary-vocab-edge", seed + 5, bs=3, width=3, nodes=4, counts=(2, 2, 1), vocab=32000,
+                           bonus=(31999, 0, 31999))
+    yield _accepted_sample("junk-past-the-path", seed + 6, bs=5, width=5, nodes=9, junk_past_path=True)
+    yield _accepted_sample("int32-accept-and-counts", seed + 7, bs=4, width=4, nodes=6, index_dtype=torch.int32)
+    yield _accepted_sample("strided-inputs", seed + 8, bs=4, width=4, nodes=7, counts=(1, 3, 0, 2), strided=True)
+    yield _accepted_sample("wide-tree", seed + 9, bs=2, width=9, nodes=64, counts=(8, 5))
+
+
+def _accepted_recipe(dtype: str):
+    from hypothesis import strategies as st
+
+    def build(t):
+        seed, bs, width, spare, junk, int32 = t
+        return _accepted_sample("hyp", seed, bs=bs, width=width, nodes=width + spare, vocab=5, junk_past_path=junk,
+                                index_dtype=torch.int32 if int32 else torch.int64)
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(1, 6), st.integers(0, 4), st.booleans(),
+                     st.booleans()).map(build)
+
+
+def _accepted_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        produced, count = ops.accepted_tokens(**s.args, impl=which)
+        for name, t in (("produced", produced), ("count", count)):
+            if t.dtype != torch.int64:     # EXACT compares values: the contract's dtypes are checked here
+                raise AssertionError(f"accepted_tokens must return {name} as torch.int64, got {t.dtype}")
+        return {"produced": produced, "count": count}
+    return impl
+
+
+def _accepted_ref(s: SampleInput) -> dict:
+    out = reference.accepted_tokens(**{k: v.tolist() for k, v in s.args.items()})
+    bs, width = s.args["accept"].shape
+    return {"produced": torch.tensor(out["produced"], dtype=torch.int64).view(bs, width),
+            "count": torch.tensor(out["count"], dtype=torch.int64)}
+
+
+def _accepted_errors(which: str):
+    base = _accepted_sample("base", 0, bs=3, width=4, nodes=6, counts=(1, 3, 0)).args
+
+    def call(**changes):
+        return lambda: ops.accepted_tokens(**{**{k: v.clone() for k, v in base.items()}, "impl": which, **changes})
+    accept, tokens, n, bonus = base["accept"], base["tree_tokens"], base["num_correct"], base["bonus"]
+    yield ErrorInput("accept-1d", call(accept=accept[0]), ValueError, r"accept must be 2-D \[bs, W\]", "accept")
+    yield ErrorInput("accept-float", call(accept=accept.float()), ValueError, "accept must be int32 or int64", "accept")
+    yield ErrorInput("accept-list", call(accept=accept.tolist()), TypeError, "accept must be a torch.Tensor", "accept")
+    yield ErrorInput("accept-no-columns", call(accept=accept[:, :0]), ValueError, "accept must be .* with W >= 1",
+                     "accept")
+    yield ErrorInput("tree-tokens-int32", call(tree_tokens=tokens.int()), ValueError, "tree_tokens must be torch.int64",
+                     "tree_tokens")
+    yield ErrorInput("tree-tokens-other-lanes", call(tree_tokens=tokens[:2]), ValueError,
+                     r"tree_tokens must be \[bs, D\] = \[3, D >= 1\]", "tree_tokens")
+    yield ErrorInput("num-correct-short", call(num_correct=n[:2]), ValueError, r"num_correct must be \[bs\] = \[3\]",
+                     "num_correct")
+    yield ErrorInput("bonus-int32", call(bonus=bonus.int()), ValueError, "bonus must be torch.int64", "bonus")
+    yield ErrorInput("bonus-list", call(bonus=bonus.tolist()), TypeError, "bonus must be a torch.Tensor", "bonus")
+    yield ErrorInput("num-correct-negative", call(num_correct=torch.tensor([1, -1, 0])), ValueError,
+                     r"num_correct must lie in \[0, W - 1 = 3\]", "num_correct")
+    yield ErrorInput("num-correct-past-width", call(num_correct=torch.tensor([1, 4, 0])), ValueError,
+                     r"num_correct must lie in \[0, W - 1 = 3\]", "num_correct")
+    yield ErrorInput("path-node-missing", call(num_correct=torch.tensor([2, 3, 0])), ValueError,
+                     r"accept\[b, 1..num_correct\[b\]\] must be draft nodes, in \[1, D = 6\)", "accept")
+    yield ErrorInput("path-node-is-the-root", call(accept=torch.tensor([[0, 0, -1, -1], *accept[1:].tolist()])),
+                     ValueError, r"must be draft nodes, in \[1, D = 6\)", "accept")
+    yield ErrorInput("path-node-past-the-tree", call(accept=torch.tensor([[0, 6, -1, -1], *accept[1:].tolist()])),
+                     ValueError, r"must be draft nodes, in \[1, D = 6\)", "accept")
+    yield ErrorInput("checked-not-bool", call(checked=1), TypeError, "checked must be True, False or None", "checked")
+    yield ErrorInput("bad-impl", call(impl="gpu"), ValueError, "impl must be one of", "impl")
+
+
+ACCEPTED_COMPARE = {"produced": EXACT, "count": EXACT}
+
 RECORDS = (
     OpSpec("emit_tokens", _emit_impl("torch"), _emit_ref, _emit_samples, _emit_recipe, lambda: _emit_errors("torch"),
            only("float32"), EMIT_COMPARE, platform_dependent=False, max_examples=15, edge_exempt=EMIT_EDGE_EXEMPT),
     OpSpec("emit_tokens_triton", _emit_impl("triton"), _emit_ref, _emit_samples, _emit_recipe,
            lambda: _emit_errors("triton"), only("float32"), EMIT_COMPARE, platform_dependent=False, max_examples=5,
            edge_exempt=EMIT_EDGE_EXEMPT),
+    OpSpec("accepted_tokens", _accepted_impl("torch"), _accepted_ref, _accepted_samples, _accepted_recipe,
+           lambda: _accepted_errors("torch"), only("float32"), ACCEPTED_COMPARE, platform_dependent=False,
+           max_examples=15, edge_exempt=EMIT_EDGE_EXEMPT),
+    OpSpec("accepted_tokens_triton", _accepted_impl("triton"), _accepted_ref, _accepted_samples, _accepted_recipe,
+           lambda: _accepted_errors("triton"), only("float32"), ACCEPTED_COMPARE, platform_dependent=False,
+           max_examples=5, edge_exempt=EMIT_EDGE_EXEMPT),
 )
