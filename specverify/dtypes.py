@@ -16,6 +16,7 @@ magnitude first (clamp keeps NaN) and lets the cast do only the rounding.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -201,10 +202,12 @@ def logits_scale(logits: torch.Tensor, dtype: str | torch.dtype, *, mode: str,
 
 
 def to_logits_dtype(logits: torch.Tensor, dtype: str | torch.dtype, *, scale_mode: str = "static",
-                    static_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                    static_scale: float = 1.0, shared_ones: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Convert logits [..., V] to a logits dtype. Returns (values [..., V], scale [..., 1] float32).
 
-    Non-FP8: values = logits.to(dtype) (round to nearest even), scale = ones.
+    Non-FP8: values = logits.to(dtype) (round to nearest even), scale = ones (shared_ones: a
+    read-only view of one cached element per device, which costs no kernel; a model's forward
+    delivers it, and nothing may write into it).
     FP8: scale from `logits_scale(mode=scale_mode)`, values = quantize_fp8(logits, dtype, scale).
     """
     info = dtype_info(dtype)
@@ -214,10 +217,18 @@ def to_logits_dtype(logits: torch.Tensor, dtype: str | torch.dtype, *, scale_mod
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"logits: expected shape [..., V] with V >= 1, got {tuple(logits.shape)}")
     if not info.is_fp8:
-        ones = torch.ones((*logits.shape[:-1], 1), dtype=torch.float32, device=logits.device)
+        shape = (*logits.shape[:-1], 1)
+        ones = _one(logits.device).expand(shape) if shared_ones else torch.ones(shape, dtype=torch.float32,
+                                                                                 device=logits.device)
         return logits.to(info.torch_dtype), ones
     scale = logits_scale(logits, info.name, mode=scale_mode, static_scale=static_scale)
     return _quantize(logits, info, scale), scale          # a scale made here needs no checking
+
+
+@functools.lru_cache(maxsize=16)
+def _one(device: torch.device) -> torch.Tensor:
+    """A float32 1 on `device` (0-dim), made once: the shared scale of logits that carry none."""
+    return torch.ones((), dtype=torch.float32, device=device)
 
 
 def upcast_logits(values: torch.Tensor) -> torch.Tensor:

@@ -165,6 +165,14 @@ def draft_topk(logits: torch.Tensor, topk: int, profile: PlatformProfile,
     return probs.gather(-1, index), index
 
 
+def draft_token(logits: torch.Tensor, profile: PlatformProfile, scale: torch.Tensor | None) -> torch.Tensor:
+    """The index [N, 1] of `draft_topk(logits, 1, ...)` without its probability: what a chain
+    draft reads. On the fast path one argmax and nothing else (no probability tensor to fill)."""
+    if profile.argmax_fast_path:
+        return row_argmax(logits)
+    return draft_topk(logits, 1, profile, scale)[1]
+
+
 ATTENTION_TORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -1,5 +1,6 @@
 """The draft phase's per-step kernels (issue 25) inside the decoder: the draft selection
-(`kernels.draft_select`, docs/semantics.md 6.1) and the search step (`ops.expand_beams`, 6.13).
+(`kernels.draft_select`, docs/semantics.md 6.1; a chain's top-1 through the vocab-split argmax,
+`kernels.argmax`) and the search step (`ops.expand_beams`, 6.13; a chain runs no search).
 
 Each has its registry records (`select_draft_topk_triton`; `expand_beams_triton` and the whole
 search through the kernels, `draft_tree_triton`); here the EAGLE cycle runs its draft phase through
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from specverify.engine import eagle_cycle
-from specverify.kernels import draft_search, draft_select
+from specverify.kernels import argmax, draft_search, draft_select
 from specverify.spec import eagle
 from tests.test_spec_trace import compare, report
 
@@ -35,8 +36,8 @@ def _on_gpu(fn, *tensors):
 def draft_kernels(monkeypatch):
     """Every search step and every softmax-path draft selection of the decoder go through the
     Triton kernels; records the steps and the selections' topk."""
-    calls = {"steps": [], "select": []}
-    original_select = eagle_cycle.draft_topk
+    calls = {"steps": [], "select": [], "token": 0}
+    original_select, original_token = eagle_cycle.draft_topk, eagle_cycle.draft_token
 
     def through_search_kernel(beam_scores, child_probs, child_tokens, ancestors, hidden, step, impl="auto", *rest):
         calls["steps"].append(step)
@@ -48,8 +49,14 @@ def draft_kernels(monkeypatch):
             return original_select(logits, topk, profile, scale)
         calls["select"].append(topk)
         return _on_gpu(lambda x, s: draft_select.select_topk_triton(x, topk, s), logits, scale)
+    def through_argmax_kernel(logits, profile, scale):
+        if not profile.argmax_fast_path:
+            return original_token(logits, profile, scale)
+        calls["token"] += 1
+        return _on_gpu(lambda x: argmax.row_argmax(x, impl="triton"), logits)
     monkeypatch.setattr(eagle, "expand_beams_impl", through_search_kernel)
     monkeypatch.setattr(eagle_cycle, "draft_topk", through_select_kernel)
+    monkeypatch.setattr(eagle_cycle, "draft_token", through_argmax_kernel)
     return calls
 
 
@@ -69,7 +76,11 @@ CASES = [
 def test_trace_through_the_draft_kernels_equals_reference(draft_kernels, c, request, record_property):
     report(compare(c, request.node.nodeid), c, record_property)
     steps = draft_kernels["steps"]
-    assert steps and min(steps) == 1 and max(steps) == c["steps"] - 1, (
-        f"the search kernel ran for steps {sorted(set(steps))}, want 1..{c['steps'] - 1}")
+    if c["topk"] == 1:
+        assert not steps, f"a chain ran the search kernel (steps {sorted(set(steps))})"
+        assert draft_kernels["token"], "no chain draft step went through the argmax kernel"
+    else:
+        assert steps and min(steps) == 1 and max(steps) == c["steps"] - 1, (
+            f"the search kernel ran for steps {sorted(set(steps))}, want 1..{c['steps'] - 1}")
     assert set(draft_kernels["select"]) == ({c["topk"]} if c["topk"] > 1 else set()), (
         f"the selection kernel ran for topk {sorted(set(draft_kernels['select']))}")

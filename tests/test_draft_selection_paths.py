@@ -202,3 +202,20 @@ def test_fast_path_computes_no_softmax(monkeypatch):
 def test_rocm_profiles_keep_the_softmax_path():
     assert not get_profile("rocm-emulated").argmax_fast_path
     assert get_profile("cuda-emulated").argmax_fast_path
+
+
+def test_draft_token_follows_the_gate(monkeypatch):
+    """`ops.draft_token` (a chain draft's top-1, without its probability) takes the path the
+    profile's gate allows: no softmax on the fast path, the softmax path where the gate is off,
+    and the first maximal index of the upcast either way, on tie-heavy FP8 rows."""
+    calls = []
+    real = torch.softmax
+    monkeypatch.setattr(torch, "softmax", lambda *a, **k: calls.append(1) or real(*a, **k))
+    values, scale = tie_heavy_fp8("float8_e4m3fn", 2)
+    fast = ops.draft_token(values, forced(get_profile("cpu"), True), scale)
+    assert calls == []
+    soft = ops.draft_token(values, forced(get_profile("cpu"), False), scale)
+    assert calls == [1]
+    assert fast.shape == soft.shape == (values.shape[0], 1) and fast.dtype == soft.dtype == torch.int64
+    want = first_max(values).tolist()
+    assert fast[:, 0].tolist() == want and soft[:, 0].tolist() == want

@@ -19,7 +19,9 @@ import torch
 
 from specverify import Engine, SpecConfig, ops
 from specverify.engine import eagle_cycle, naive_cycle, target_only
-from specverify.kernels import emit
+from specverify.conformance.registry import REGISTRY, run_impl
+from specverify.kernels import emit, kv_commit
+from specverify.platform import get_profile
 from tests.support.cases import cached_models, ragged_prompts
 from tests.support.steering import steered_models
 from tests.test_continuous_batching import run_reference
@@ -145,3 +147,22 @@ def test_padded_lanes_leave_the_pad_row_alone():
     assert state["seq_len"].tolist() == [7, 12, 13, 14, 0] and state["pending"].tolist() == [1, 10, 6, 12, 0]
     assert state["emitted"].tolist() == [0, 4, 3, 1, 0] and state["finished"].tolist() == [False, True, False, True, True]
     assert all(state[k][4] == before[k][4] for k in STATE), "the pad row changed"
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("record", ["emit_tokens_triton", "commit_accepted_kv_triton", "accepted_tokens_triton"])
+def test_impl_triton_runs_the_kernel(record, monkeypatch):
+    """A Triton record holds the kernel only if `impl="triton"` reaches it: a wrapper that drops
+    the argument would run the torch path on the CPU and pass every sample. With the torch paths
+    made to fail, each record's samples must still come through (on a CUDA machine: on the GPU)."""
+    def torch_path(*args, **kwargs):
+        raise AssertionError(f"{record}: impl='triton' ran the torch path")
+    for module, name in ((emit, "_emit_torch"), (emit, "_accepted_torch"), (kv_commit, "_commit_kv_torch")):
+        monkeypatch.setattr(module, name, torch_path)
+    op = REGISTRY[record]
+    profile = get_profile("cuda" if ON_GPU else "cpu")
+    samples = [s for s in op.samples("float32", 0) if all(t.numel() for t in s.args.values()
+                                                             if isinstance(t, torch.Tensor))]
+    assert samples, f"{record} has no non-empty sample"
+    for sample in samples[:3]:
+        run_impl(op, sample, profile)

@@ -28,6 +28,7 @@ from specverify import ops
 from specverify.engine.device_state import extend_batch
 from specverify.engine.eagle_cycle import EagleCycle
 from specverify.models import Batch
+from specverify.models.layers import lone_query_mask
 
 
 def _extend_batch(rows, tokens, q_lens, kv_lens, req_ids) -> Batch:
@@ -55,8 +56,7 @@ class MtpCycle(EagleCycle):
         drafts = [token]
         prefix = kv_lens + q_lens                                           # the root position n
         positions = prefix[:, None]
-        sees_itself = torch.ones((bs, 1, 1), dtype=torch.bool, device=tokens.device)
-        no_parent = torch.full_like(positions, -1)
+        sees_itself, no_parent = lone_query_mask(bs, 1, tokens.device)
         one_row = torch.where(active, 1, 0)
         for step in range(1, self.S):
             # Head `step` runs d_step at position n + step, written at draft index n of its layer.
@@ -69,7 +69,7 @@ class MtpCycle(EagleCycle):
 
     def _top1(self, logits, scale) -> torch.Tensor:
         """6.1 with k = 1 of logits [bs, V] (scale [bs, 1]) -> [bs, 1] int64."""
-        return ops.draft_topk(logits, 1, self.profile, scale)[1]
+        return ops.draft_token(logits, self.profile, scale)
 
 
 class DFlashCycle(EagleCycle):
@@ -90,7 +90,7 @@ class DFlashCycle(EagleCycle):
         block = Batch(mask_ids, prefix[:, None] + offsets[None, :], rows, prefix, torch.where(active, s, 0),
                       bidirectional, torch.full_like(mask_ids, -1), 0, req_ids=req_ids)
         out = head.forward(self.cache, block, root_hidden[:, None, :].expand(-1, s, -1))
-        index = ops.draft_topk(out.logits.reshape(bs * s, -1), 1, self.profile, out.scale.reshape(bs * s, 1))[1]
+        index = ops.draft_token(out.logits.reshape(bs * s, -1), self.profile, out.scale.reshape(bs * s, 1))
         self.state.kept_tokens[rows] = index.view(bs, s)
 
     def _verify_greedy(self, tree, predict: torch.Tensor):

@@ -19,6 +19,7 @@ import torch
 
 from specverify.engine.penalties import PenaltyState
 from specverify.models import Batch, chain_mask
+from specverify.models.layers import chain_offsets
 
 
 @dataclasses.dataclass
@@ -61,7 +62,7 @@ def extend_batch(rows: torch.Tensor, kv_lens: torch.Tensor, tokens: torch.Tensor
     """A chain of q_lens[b] new tokens per lane appended after kv_lens[b] cached ones."""
     bs, q = tokens.shape
     mask, parents = chain_mask(bs, q, tokens.device)
-    positions = kv_lens[:, None] + torch.arange(q, device=tokens.device)[None, :]
+    positions = kv_lens[:, None] + chain_offsets(q, tokens.device)[None, :]
     return Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, req_ids=req_ids)
 
 

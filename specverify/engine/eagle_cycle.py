@@ -32,7 +32,8 @@ from specverify.kernels.tree import build_tree, chain_tree
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models
 from specverify.models.kv_cache import SINK_SLOT
-from specverify.ops import accepted_tokens, commit_accepted_kv, draft_topk, emit_tokens
+from specverify.models.layers import lone_query_mask
+from specverify.ops import accepted_tokens, commit_accepted_kv, draft_token, draft_topk, emit_tokens
 from specverify.platform import PlatformProfile
 from specverify.spec.eagle import expand_search, finish_search, start_search
 
@@ -85,8 +86,11 @@ class EagleCycle:
         batch.positions = batch.positions + 1
         out = head.forward(self.cache, batch, feats)
         last = (q_lens - 1).clamp(min=0)
-        p0, idx0 = draft_topk(out.logits[ar, last], k, self.profile, out.scale[ar, last])
         prefix = kv_lens + q_lens                                           # draft prefix = root position
+        if k == 1:
+            self._draft_chain(rows, out, ar, last, prefix, req_ids, active)
+            return
+        p0, idx0 = draft_topk(out.logits[ar, last], k, self.profile, out.scale[ar, last])
         search = start_search(p0, idx0, self.S)
         hidden = out.hidden[ar, last][:, None, :].expand(-1, k, -1)         # [bs, k, H]
         beams = torch.where(active, k, 0)
@@ -98,15 +102,30 @@ class EagleCycle:
             dout = head.forward(self.cache, dbatch, hidden)
             p, idx = draft_topk(dout.logits.reshape(bs * k, -1), k, self.profile, dout.scale.reshape(bs * k, 1))
             _, hidden = expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k), dout.hidden)
-        if k == 1:
-            # A chain keeps every candidate in step order: only its tokens reach the next tree
-            # (`chain_tree`), so the flat indices and beams are neither built nor stored.
-            st.kept_tokens[rows] = torch.cat(search.cand_tokens, dim=1)
-            return
         kept_flat, kept_tokens, beam_flat = finish_search(search, self.D)
         st.kept_flat[rows] = kept_flat
         st.kept_tokens[rows] = kept_tokens
         st.beam_flat[rows] = beam_flat
+
+    def _draft_chain(self, rows, out, ar, last, prefix, req_ids, active) -> None:
+        """The search with topk 1: a chain. Each step's one beam is the argmax child of the last
+        (its score and flat index are never read: only the tokens reach the next tree, `chain_tree`),
+        so the S - 1 steps run the head on the last token and keep the head's hidden state; step s
+        sees the draft prefix and the region entries 0..s-1, its own the last."""
+        head, bs = self.models.draft, rows.shape[0]
+        token = draft_token(out.logits[ar, last], self.profile, out.scale[ar, last])    # [bs, 1]
+        hidden = out.hidden[ar, last][:, None, :]                                     # [bs, 1, H]
+        drafts = [token]
+        beams = torch.where(active, 1, 0)
+        for step in range(1, self.S):
+            seen, no_parent = lone_query_mask(bs, step, rows.device)
+            dbatch = Batch(token, (prefix + step)[:, None], rows, prefix, beams, seen, no_parent, step - 1,
+                           req_ids=req_ids)
+            dout = head.forward(self.cache, dbatch, hidden)
+            token = draft_token(dout.logits[:, 0], self.profile, dout.scale[:, 0])
+            hidden = dout.hidden
+            drafts.append(token)
+        self.state.kept_tokens[rows] = torch.cat(drafts, dim=1)
 
     # -- the cycle ------------------------------------------------------------------------------
     def __call__(self, inp: dict) -> dict:

@@ -39,7 +39,7 @@ from specverify.engine.state_commit import commit_recurrent_states, tracking_ste
 from specverify.engine.uniforms import counter_uniforms
 from specverify.kernels.verify import inverse_cdf, target_predict, verify_naive
 from specverify.models import Batch, ModelCache, Models, chain_mask
-from specverify.ops import create_draft_kv_indices, draft_topk, emit_tokens
+from specverify.ops import create_draft_kv_indices, draft_token, emit_tokens
 from specverify.platform import PlatformProfile
 
 DRAFT_DRAW, COIN_DRAW, FINAL_DRAW = 0, 1, 2
@@ -90,7 +90,7 @@ class NaiveCycle:
             st.draft[rows] = inverse_cdf(q, u)
             st.draft_q[rows] = q
             return
-        _, index = draft_topk(logits, 1, self.profile, scale)
+        index = draft_token(logits, self.profile, scale)
         st.draft[rows] = index[:, 0]
         if self.mode == "inexact_shortcut":
             # the original's topk_p: the draft softmax probability of its argmax token

@@ -125,7 +125,9 @@ def _accepted_torch(tree_tokens, accept, num_correct, bonus):
     w = accept.shape[1]
     j = torch.arange(w, device=accept.device)[None, :]
     n = num_correct.long()[:, None]
-    drafts = tree_tokens.gather(1, accept[:, 1:].long().clamp(min=0))            # [bs, W - 1]
+    # Only the path's first n entries are read: past them, node 0 (an entry there may be anything).
+    nodes = torch.where(j[:, 1:] <= n, accept[:, 1:].long(), 0)
+    drafts = tree_tokens.gather(1, nodes)                                           # [bs, W - 1]
     drafts = torch.cat([drafts, drafts.new_zeros((drafts.shape[0], 1))], 1)       # the bonus's column
     produced = torch.where(j < n, drafts, torch.where(j == n, bonus[:, None], 0))
     return produced, n[:, 0] + 1

@@ -7,6 +7,7 @@ sink slot (and whose attention output is zero).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -113,9 +114,40 @@ class Batch:
 
 def chain_mask(bs: int, q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal tree mask [bs, q, q] and parents [bs, q] for a plain chain of new tokens."""
-    mask = torch.ones((q, q), dtype=torch.bool, device=device).tril()
-    parents = torch.arange(-1, q - 1, device=device)
+    _, parents, mask = _chain_rows(q, torch.device(device))
     return mask.expand(bs, q, q), parents.expand(bs, q)
+
+
+def chain_offsets(q: int, device) -> torch.Tensor:
+    """[q] int64 0..q-1: each new token's offset after a lane's prefix (a chain's positions)."""
+    return _chain_rows(q, torch.device(device))[0]
+
+
+def lone_query_mask(bs: int, seen: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One new token per lane that sees the `seen` region entries up to and including its own
+    (a chain draft's step: the earlier drafts and itself) and has no parent in the batch: tree
+    mask [bs, 1, seen] all True, parents [bs, 1] of -1."""
+    return _true_row(seen, torch.device(device)).expand(bs, 1, seen), _no_parent(torch.device(device)).expand(bs, 1)
+
+
+# The rows every lane shares are made once per shape and device and handed out as expanded
+# read-only views (nothing writes a batch's mask or parents): a captured step replays no kernel for
+# them. An engine's eager warm-up makes them outside any capture.
+@functools.lru_cache(maxsize=64)
+def _chain_rows(q: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chain of q new tokens: (offsets 0..q-1, parents -1..q-2, causal mask [q, q])."""
+    offsets = torch.arange(q, device=device)
+    return offsets, offsets - 1, offsets[None, :] <= offsets[:, None]
+
+
+@functools.lru_cache(maxsize=64)
+def _true_row(n: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(n, dtype=torch.bool, device=device)
+
+
+@functools.lru_cache(maxsize=16)
+def _no_parent(device: torch.device) -> torch.Tensor:
+    return torch.full((1,), -1, dtype=torch.int64, device=device)
 
 
 @dataclasses.dataclass

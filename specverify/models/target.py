@@ -40,9 +40,10 @@ class ForwardOutput:
 
 
 def deliver_logits(logits: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Compute-dtype logits -> (logits in cfg.logits_dtype, float32 scale [..., 1])."""
+    """Compute-dtype logits -> (logits in cfg.logits_dtype, float32 scale [..., 1]; a read-only
+    view of one shared element where the logits carry no scale)."""
     return dtypes.to_logits_dtype(logits, cfg.logits_dtype, scale_mode=cfg.logits_scale_mode,
-                                  static_scale=cfg.logits_scale)
+                                  static_scale=cfg.logits_scale, shared_ones=True)
 
 
 class TargetModel:

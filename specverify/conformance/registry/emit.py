@@ -204,8 +204,8 @@ def _accepted_sample(name, seed, *, bs, width, nodes, counts=None, index_dtype=t
                      zeros_at=(), junk_past_path=False, strided=False, bonus=None) -> SampleInput:
     """Each lane a tree of `nodes` tokens below vocab (zeros_at: (lane, node) of planted token-0
     nodes) and an accepted path of counts[b] (drawn in [0, width - 1] when None) draft nodes,
-    strictly increasing in [1, nodes) as a tree's are; past the path -1, or (junk_past_path) node
-    ids the op must not read. bonus: per lane (None: drawn below vocab). strided: tree_tokens and
+    strictly increasing in [1, nodes) as a tree's are; past the path -1, or (junk_past_path) junk
+    the op must not read (node ids, ids past the tree, negative ids). bonus: per lane (None: drawn below vocab). strided: tree_tokens and
     accept every other column of wider tensors, num_correct and bonus columns of [bs, 3] ones."""
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (bs, nodes), generator=gen)
@@ -214,7 +214,8 @@ def _accepted_sample(name, seed, *, bs, width, nodes, counts=None, index_dtype=t
     n = torch.randint(0, width, (bs,), generator=gen) if counts is None else torch.tensor(counts, dtype=torch.int64)
     accept = torch.full((bs, width), -1, dtype=torch.int64)
     if junk_past_path:
-        accept = torch.randint(0, nodes, (bs, width), generator=gen)
+        # Node ids, ids past the tree and negative ones: nothing past the path may be read.
+        accept = torch.randint(-3, nodes + 3, (bs, width), generator=gen)
     accept[:, 0] = 0
     for lane in range(bs):
         path = torch.randperm(nodes - 1, generator=gen)[:int(n[lane])].sort().values + 1
@@ -288,6 +289,13 @@ def _accepted_errors(which: str):
                      r"tree_tokens must be \[bs, D\] = \[3, D >= 1\]", "tree_tokens")
     yield ErrorInput("num-correct-short", call(num_correct=n[:2]), ValueError, r"num_correct must be \[bs\] = \[3\]",
                      "num_correct")
+    yield ErrorInput("num-correct-float", call(num_correct=n.float()), ValueError, "num_correct must be int32 or int64",
+                     "num_correct")
+    yield ErrorInput("tree-tokens-1d", call(tree_tokens=tokens[:, 0]), ValueError,
+                     r"tree_tokens must be \[bs, D\] = \[3, D >= 1\]", "tree_tokens")
+    yield ErrorInput("tree-tokens-no-nodes", call(tree_tokens=tokens[:, :0]), ValueError,
+                     r"tree_tokens must be \[bs, D\] = \[3, D >= 1\]", "tree_tokens")
+    yield ErrorInput("bonus-short", call(bonus=bonus[:2]), ValueError, r"bonus must have shape \[3\]", "bonus")
     yield ErrorInput("bonus-int32", call(bonus=bonus.int()), ValueError, "bonus must be torch.int64", "bonus")
     yield ErrorInput("bonus-list", call(bonus=bonus.tolist()), TypeError, "bonus must be a torch.Tensor", "bonus")
     yield ErrorInput("num-correct-negative", call(num_correct=torch.tensor([1, -1, 0])), ValueError,
@@ -301,6 +309,9 @@ def _accepted_errors(which: str):
     yield ErrorInput("path-node-past-the-tree", call(accept=torch.tensor([[0, 6, -1, -1], *accept[1:].tolist()])),
                      ValueError, r"must be draft nodes, in \[1, D = 6\)", "accept")
     yield ErrorInput("checked-not-bool", call(checked=1), TypeError, "checked must be True, False or None", "checked")
+    yield ErrorInput("checked-not-bool-empty-batch", lambda: ops.accepted_tokens(
+        **{k: v[:0] for k, v in base.items()}, impl=which, checked=1), TypeError, "checked must be True, False or None",
+        "checked")
     yield ErrorInput("bad-impl", call(impl="gpu"), ValueError, "impl must be one of", "impl")
 
 
