@@ -27,8 +27,11 @@ def _on_gpu(fn, *tensors):
     machine runs the kernel natively), the outputs moved back."""
     if ON_GPU and tensors[0].device.type == "cpu":
         out = fn(*(t.cuda() if isinstance(t, torch.Tensor) else t for t in tensors))
-        return type(out)(t.cpu() for t in out) if isinstance(out, tuple) else \
-            draft_search.BeamStep(**{name: t.cpu() for name, t in vars(out).items()})
+        if isinstance(out, torch.Tensor):
+            return out.cpu()
+        if isinstance(out, tuple):
+            return type(out)(t.cpu() for t in out)
+        return draft_search.BeamStep(**{name: t.cpu() for name, t in vars(out).items()})
     return fn(*tensors)
 
 
