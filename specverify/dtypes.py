@@ -225,9 +225,10 @@ def to_logits_dtype(logits: torch.Tensor, dtype: str | torch.dtype, *, scale_mod
     return _quantize(logits, info, scale), scale          # a scale made here needs no checking
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=None)
 def _one(device: torch.device) -> torch.Tensor:
-    """A float32 1 on `device` (0-dim), made once: the shared scale of logits that carry none."""
+    """A float32 1 on `device` (0-dim), made once and never evicted (a captured graph reads it by
+    address): the shared scale of logits that carry none."""
     return torch.ones((), dtype=torch.float32, device=device)
 
 

@@ -3,7 +3,10 @@
 CPU: `BucketGraphRunner` without graphs, the path CPU CI runs: inputs land in one static buffer
 per bucket, rows past the live batch get the pad row again on every call (a smaller call never
 sees an earlier call's rows), unknown inputs and wrong row shapes raise, `pad_batches=False` calls
-the function at the live shape, graphs without padding are refused.
+the function at the live shape, graphs without padding are refused; the rows a captured step reads
+by address without holding them (a chain's mask, parents and offsets, a lone draft query's mask,
+a chain tree's shared rows, the unit logits scale) stay allocated whatever is made after them,
+and a prefill's long chain gets fresh rows that are not kept.
 
 `cuda` (skipped elsewhere; the CPU checks of the padded path are tests/test_device_cycle.py):
 - a capture survives an earlier runner's graph turning into cyclic garbage inside it (the
@@ -376,3 +379,36 @@ def test_float64_models_decode_on_cuda(algorithm, logits_dtype, request):
     got = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets)
     want = reference.generate(models, prompts, max_new_tokens=budgets).tokens
     assert_tokens_equal(got.tokens, want, f"float64 on cuda, {algorithm}, {logits_dtype} logits", request.node.nodeid)
+
+
+def test_shared_rows_stay_allocated_for_the_graphs_that_read_them():
+    """A captured step reads the shared read-only rows by address and holds no reference to them:
+    a cache that evicted them (a bounded LRU) would free memory a graph still reads. After many
+    other shapes, each call must still hand out views of the very rows of the first call, with
+    their values; a chain longer than the kept length (a prefill's, run eagerly) is made fresh."""
+    from specverify import dtypes
+    from specverify.kernels.tree import chain_tree
+    from specverify.models.layers import KEPT_CHAIN, chain_mask, chain_offsets, lone_query_mask
+
+    def shared(bs):
+        mask, parents = chain_mask(bs, 4, "cpu")
+        seen, no_parent = lone_query_mask(bs, 3, "cpu")
+        tree = chain_tree(torch.zeros(bs, dtype=torch.int64), torch.zeros((bs, 3), dtype=torch.int64),
+                          torch.zeros(bs, dtype=torch.int64))
+        scale = dtypes.to_logits_dtype(torch.zeros(bs, 5), "float32", shared_ones=True)[1]
+        return (mask, parents, chain_offsets(4, "cpu"), seen, no_parent, tree.parents, tree.mask, tree.flat_index,
+                scale)
+    first = shared(2)                      # kept alive here: a re-made row cannot take their addresses
+    for n in range(1, 3 * KEPT_CHAIN):     # many other shapes, as a long-running engine meets them
+        chain_mask(1, n, "cpu")
+        lone_query_mask(1, n, "cpu")
+        chain_tree(torch.zeros(n, dtype=torch.int64), torch.zeros((n, n % 7 + 1), dtype=torch.int64),
+                   torch.zeros(n, dtype=torch.int64))
+    again = shared(2)
+    for a, b in zip(first, again):
+        assert a.data_ptr() == b.data_ptr() and torch.equal(a, b), "a shared row was made again: the old one was freed"
+    want_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(again[0][1], want_mask) and again[1][0].tolist() == [-1, 0, 1, 2]
+    assert again[3].all() and again[4].eq(-1).all() and again[8].eq(1.0).all()
+    long_a, long_b = chain_mask(1, KEPT_CHAIN + 1, "cpu")[0], chain_mask(1, KEPT_CHAIN + 1, "cpu")[0]
+    assert long_a.data_ptr() != long_b.data_ptr(), "a prefill's long chain rows were kept"

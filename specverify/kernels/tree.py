@@ -338,7 +338,9 @@ def chain_tree(root_tokens: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: 
     )
 
 
-@functools.lru_cache(maxsize=64)
+# Never evicted (a captured cycle reads them by address and holds no reference to them); the keys
+# are few: a spec's D, and the batch sizes its lanes come in.
+@functools.lru_cache(maxsize=None)
 def _chain_rows(d: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """A chain of d nodes: (node ids, parents, mask [d, d], first child, next sibling), read-only."""
     node = torch.arange(d, device=device)
@@ -347,6 +349,6 @@ def _chain_rows(d: int, device: torch.device) -> tuple[torch.Tensor, ...]:
             torch.full((d,), -1, dtype=torch.int64, device=device))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=None)
 def _flat_index(bs: int, d: int, device: torch.device) -> torch.Tensor:
     return torch.arange(bs * d, device=device).view(bs, d)

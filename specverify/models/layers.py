@@ -114,13 +114,13 @@ class Batch:
 
 def chain_mask(bs: int, q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal tree mask [bs, q, q] and parents [bs, q] for a plain chain of new tokens."""
-    _, parents, mask = _chain_rows(q, torch.device(device))
+    _, parents, mask = _chain_rows(q, device)
     return mask.expand(bs, q, q), parents.expand(bs, q)
 
 
 def chain_offsets(q: int, device) -> torch.Tensor:
     """[q] int64 0..q-1: each new token's offset after a lane's prefix (a chain's positions)."""
-    return _chain_rows(q, torch.device(device))[0]
+    return _chain_rows(q, device)[0]
 
 
 def lone_query_mask(bs: int, seen: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,22 +130,37 @@ def lone_query_mask(bs: int, seen: int, device) -> tuple[torch.Tensor, torch.Ten
     return _true_row(seen, torch.device(device)).expand(bs, 1, seen), _no_parent(torch.device(device)).expand(bs, 1)
 
 
-# The rows every lane shares are made once per shape and device and handed out as expanded
-# read-only views (nothing writes a batch's mask or parents): a captured step replays no kernel for
-# them. An engine's eager warm-up makes them outside any capture.
-@functools.lru_cache(maxsize=64)
-def _chain_rows(q: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+# The rows every lane of a short chain shares (a decode step's, a cycle's, a draft step's) are made
+# once per shape and device and handed out as expanded read-only views (nothing writes a batch's
+# mask or parents): a captured step replays no kernel for them. An engine's eager warm-up makes them
+# outside any capture. They are never evicted: a CUDA graph reads them by address and holds no
+# reference, so a freed row would be read as whatever reuses its memory. A longer chain (a
+# prefill's, eager) gets fresh rows each call, so the kept ones stay few and small.
+KEPT_CHAIN = 64         # the longest chain whose rows are kept
+
+
+def _chain_rows(q: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A chain of q new tokens: (offsets 0..q-1, parents -1..q-2, causal mask [q, q])."""
+    device = torch.device(device)
+    return _kept_chain_rows(q, device) if q <= KEPT_CHAIN else _make_chain_rows(q, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _kept_chain_rows(q: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _make_chain_rows(q, device)
+
+
+def _make_chain_rows(q: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     offsets = torch.arange(q, device=device)
     return offsets, offsets - 1, offsets[None, :] <= offsets[:, None]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=None)
 def _true_row(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, dtype=torch.bool, device=device)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=None)
 def _no_parent(device: torch.device) -> torch.Tensor:
     return torch.full((1,), -1, dtype=torch.int64, device=device)
 
