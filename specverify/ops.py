@@ -825,7 +825,7 @@ def accepted_tokens(*, tree_tokens: torch.Tensor, accept: torch.Tensor, num_corr
     `emit_tokens` in a speculative cycle.
 
     tree_tokens [bs, D] int64: each lane's tree tokens (node 0 the root); accept [bs, W]: the
-    accepted nodes, root first, -1 past the path (6.3 / 6.4); num_correct [bs]: the accepted drafts
+    accepted nodes, root first (6.3 / 6.4; entries past the path are not read); num_correct [bs]: the accepted drafts
     n, in [0, W - 1]; bonus [bs] int64: the token after the last of them. Returns (produced [bs, W]
     int64: the tokens of nodes accept[1..n], then the bonus, then zeros; count [bs] int64 = n + 1).
     accept and num_correct: int32 or int64. checked: the value checks (num_correct in [0, W - 1],

@@ -324,7 +324,7 @@ def chain_tree(root_tokens: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: 
     check_tensor("root_tokens", root_tokens, (bs,), torch.int64, device)
     check_tensor("seq_lens", seq_lens, (bs,), torch.int64, device)
     d = s + 1
-    node, parents, mask, first_child, next_sibling = _chain_rows(d, device)
+    node, parents, mask, first_child, next_sibling = kept_chain_rows(d, device)
     # The fields every request shares are one row expanded (read-only views: no copy per request),
     # made once per (D, device): a captured cycle replays no kernel for them.
     return DraftTree(
@@ -338,15 +338,21 @@ def chain_tree(root_tokens: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: 
     )
 
 
-# Never evicted (a captured cycle reads them by address and holds no reference to them); the keys
-# are few: a spec's D, and the batch sizes its lanes come in.
-@functools.lru_cache(maxsize=None)
-def _chain_rows(d: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """A chain of d nodes: (node ids, parents, mask [d, d], first child, next sibling), read-only."""
+def chain_rows(d: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The rows every request of a chain of d nodes (or d new tokens) shares: (node ids 0..d-1,
+    parents -1..d-2, causal mask [d, d], first child, next sibling), made fresh."""
     node = torch.arange(d, device=device)
     after = node + 1
     return (node, node - 1, node[None, :] <= node[:, None], torch.where(after < d, after, -1),
             torch.full((d,), -1, dtype=torch.int64, device=device))
+
+
+# The shared rows a captured step reads are made once per shape and device and handed out as
+# expanded read-only views: the step replays no kernel for them. They are never evicted: a CUDA
+# graph reads them by address and holds no reference, so a freed row would be read as whatever
+# reuses its memory. The keys are few: a spec's D, a step's chain lengths, the batch sizes its
+# lanes come in (a prefill's long chain is made fresh, `models.layers.chain_mask`).
+kept_chain_rows = functools.lru_cache(maxsize=None)(chain_rows)
 
 
 @functools.lru_cache(maxsize=None)

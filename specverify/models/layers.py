@@ -7,7 +7,6 @@ sink slot (and whose attention output is zero).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import torch
@@ -17,6 +16,7 @@ from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.fused_layers import (add_rmsnorm_impl, rotary_kv_write_impl, rotate_half, runs_triton,
                                              silu_mul_impl)
 from specverify.kernels.token_slots import token_slots_impl
+from specverify.kernels.tree import chain_rows, kept_chain_rows
 from specverify.ops import decode_attention_indexed
 from specverify.models.kv_cache import SINK_SLOT
 
@@ -126,43 +126,21 @@ def chain_offsets(q: int, device) -> torch.Tensor:
 def lone_query_mask(bs: int, seen: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """One new token per lane that sees the `seen` region entries up to and including its own
     (a chain draft's step: the earlier drafts and itself) and has no parent in the batch: tree
-    mask [bs, 1, seen] all True, parents [bs, 1] of -1."""
-    return _true_row(seen, torch.device(device)).expand(bs, 1, seen), _no_parent(torch.device(device)).expand(bs, 1)
+    mask [bs, 1, seen] all True, parents [bs, 1] of -1: the last row of a chain of `seen` (seen >= 1)."""
+    _, parents, mask = _chain_rows(seen, device)
+    return mask[seen - 1].expand(bs, 1, seen), parents[:1].expand(bs, 1)
 
 
-# The rows every lane of a short chain shares (a decode step's, a cycle's, a draft step's) are made
-# once per shape and device and handed out as expanded read-only views (nothing writes a batch's
-# mask or parents): a captured step replays no kernel for them. An engine's eager warm-up makes them
-# outside any capture. They are never evicted: a CUDA graph reads them by address and holds no
-# reference, so a freed row would be read as whatever reuses its memory. A longer chain (a
-# prefill's, eager) gets fresh rows each call, so the kept ones stay few and small.
+# A short chain's rows (a decode step's, a cycle's, a draft step's) are the kept ones of
+# `kernels.tree` (made once, never evicted: captured steps read them by address); a longer chain's
+# (a prefill's, eager) are made fresh each call, so the kept ones stay few and small.
 KEPT_CHAIN = 64         # the longest chain whose rows are kept
 
 
 def _chain_rows(q: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A chain of q new tokens: (offsets 0..q-1, parents -1..q-2, causal mask [q, q])."""
     device = torch.device(device)
-    return _kept_chain_rows(q, device) if q <= KEPT_CHAIN else _make_chain_rows(q, device)
-
-
-@functools.lru_cache(maxsize=None)
-def _kept_chain_rows(q: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _make_chain_rows(q, device)
-
-
-def _make_chain_rows(q: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    offsets = torch.arange(q, device=device)
-    return offsets, offsets - 1, offsets[None, :] <= offsets[:, None]
-
-
-@functools.lru_cache(maxsize=None)
-def _true_row(n: int, device: torch.device) -> torch.Tensor:
-    return torch.ones(n, dtype=torch.bool, device=device)
-
-
-@functools.lru_cache(maxsize=None)
-def _no_parent(device: torch.device) -> torch.Tensor:
-    return torch.full((1,), -1, dtype=torch.int64, device=device)
+    return (kept_chain_rows(q, device) if q <= KEPT_CHAIN else chain_rows(q, device))[:3]
 
 
 @dataclasses.dataclass
