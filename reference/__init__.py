@@ -27,6 +27,8 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 - `commit_accepted_kv`: the accepted path's K/V moved down after a tree verify (6.16);
 - `emit_tokens`: a decode step's EOS / max_new_tokens cut and the request state it moves (6.15);
 - `accepted_tokens`: the candidate tokens a verify's accepted path makes, the emit's input in a cycle (6.17);
+- `draft_plan`: where a draft phase's extend tokens and draft steps sit (6.18);
+- `chain_verify_rows`: the chain each lane of a chain cycle verifies, read from its request row (6.19);
 - `legacy_encode` / `legacy_decode` / `packed_header` / `split_header` / `packed_decode`: the
   speculative logprob message read byte by byte (docs/protocol.md).
 """
@@ -34,7 +36,7 @@ this): float64 throughout, no KV cache, no fusion, no Triton. It gives
 from reference import eagle, naive_eagle
 from reference.attention import commit_accepted_kv, decode_attention_indexed, paged_attention, token_slots
 from reference.dflash import dflash_correct_drafts_and_bonus
-from reference.emit import accepted_tokens, emit_tokens
+from reference.emit import accepted_tokens, chain_verify_rows, draft_plan, emit_tokens
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
@@ -79,12 +81,14 @@ __all__ = [
     "accepted_tokens",
     "add_rmsnorm",
     "build_tree",
+    "chain_verify_rows",
     "commit_accepted_kv",
     "convert_logits",
     "counter_uniform",
     "create_draft_kv_indices",
     "decode_attention_indexed",
     "dflash_correct_drafts_and_bonus",
+    "draft_plan",
     "draw",
     "emit_tokens",
     "emitted_path_probability",

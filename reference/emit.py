@@ -7,7 +7,7 @@ the cached length grows by every candidate (the step cached them all), and the p
 the last candidate. A lane whose request already finished appends nothing and changes nothing.
 
 In a speculative cycle the candidates come from the verify (6.17): the drafts on the accepted path,
-read off the tree one by one, then the bonus token.
+read off the tree one by one, then the bonus token; the draft phase after it runs where 6.18 says.
 """
 
 from __future__ import annotations
@@ -55,3 +55,40 @@ def accepted_tokens(*, tree_tokens, accept, num_correct, bonus) -> dict:
         produced.append(row + [0] * (width - len(row)))
         count.append(len(row))
     return {"produced": produced, "count": count}
+
+
+def draft_plan(*, q_lens, kv_lens, finished, width, num_steps) -> dict:
+    """Where a draft phase's tokens sit (6.18), per lane: a finished lane drafts nothing; the
+    others run their q_lens new tokens, token j (every one of the width columns, padding too) at
+    position kv_lens + 1 + j; the last live one is the root, at position kv_lens + q_lens, in row
+    q_lens - 1 (row 0 when there is none); the draft steps sit right after the root, one position
+    each. -> {"q_lens", "positions", "last", "root", "ahead", "live"} as lists."""
+    out = {"q_lens": [], "positions": [], "last": [], "root": [], "ahead": [], "live": []}
+    for q, kv, done in zip(q_lens, kv_lens, finished):
+        runs = 0 if done else q
+        root = kv + runs
+        out["q_lens"].append(runs)
+        out["positions"].append([kv + 1 + j for j in range(width)])
+        out["last"].append(runs - 1 if runs > 0 else 0)
+        out["root"].append(root)
+        out["ahead"].append([root + step for step in range(1, num_steps + 1)])
+        out["live"].append(0 if done else 1)
+    return out
+
+
+def chain_verify_rows(*, rows, seq_len, pending, finished, req_id, drafts) -> dict:
+    """The chain each lane verifies (6.19), read from its request row r: the root (the row's
+    pending token) then the row's drafts, node j at position seq_len[r] + j, all of them live
+    unless the request finished. -> {"tokens", "positions", "seq_lens", "req_ids", "live",
+    "q_lens"} as lists."""
+    out = {"tokens": [], "positions": [], "seq_lens": [], "req_ids": [], "live": [], "q_lens": []}
+    for r in rows:
+        chain = [pending[r]] + list(drafts[r])
+        alive = not finished[r]
+        out["tokens"].append(chain)
+        out["positions"].append([seq_len[r] + j for j in range(len(chain))])
+        out["seq_lens"].append(seq_len[r])
+        out["req_ids"].append(req_id[r])
+        out["live"].append(alive)
+        out["q_lens"].append(len(chain) if alive else 0)
+    return out

@@ -14,9 +14,11 @@ import torch
 from specverify import dtypes
 from specverify.kernels.argmax import row_argmax
 from specverify.kernels.attention import paged_attention_impl
+from specverify.kernels.chain_verify import ChainRows, chain_verify_rows_impl
 from specverify.kernels.dflash import dflash_verify_impl
 from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_impl, silu_mul_impl
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
+from specverify.kernels.draft_plan import DraftPlan, draft_plan_impl
 from specverify.kernels.draft_search import MAX_TRITON_TOPK as MAX_SEARCH_TOPK, BeamStep, expand_beams_impl
 from specverify.kernels.draft_select import MAX_TRITON_TOPK as MAX_SELECT_TOPK, select_topk_triton
 from specverify.kernels.emit import accepted_tokens_impl, emit_impl
@@ -27,6 +29,7 @@ from specverify.kernels.state_scatter import state_scatter_impl
 from specverify.kernels.token_slots import token_slots_impl
 from specverify.kernels.tree import _raise_first
 from specverify.platform import PlatformProfile, capturing, check_fp8_format, resolve
+from specverify.validation import check_int
 
 
 LOGITS_TORCH_DTYPES = {dtypes.dtype_info(d).torch_dtype for d in dtypes.LOGITS_DTYPES}
@@ -859,6 +862,70 @@ def accepted_tokens(*, tree_tokens: torch.Tensor, accept: torch.Tensor, num_corr
              f"accept[b, 1..num_correct[b]] must be draft nodes, in [1, D = {d})"),
         ])
     return accepted_tokens_impl(tree_tokens, accept, num_correct, bonus, impl)
+
+
+def chain_verify_rows(*, rows: torch.Tensor, seq_len: torch.Tensor, pending: torch.Tensor, finished: torch.Tensor,
+                      req_id: torch.Tensor, drafts: torch.Tensor, impl: str = "auto",
+                      checked: bool | None = None) -> ChainRows:
+    """The rows a chain cycle verifies (docs/semantics.md 6.19), read from each lane's request row.
+
+    rows [bs] int32 / int64: each lane's row of the request state; seq_len, pending, req_id [R]
+    int64 and finished [R] bool: the state's vectors; drafts [R, S] int64: each row's draft chain.
+    Returns a `ChainRows`: tokens [bs, S + 1] (the pending root, then the drafts), positions
+    [bs, S + 1] = seq_len + j, seq_lens, req_ids, live (not finished) and q_lens (S + 1 on a live
+    lane, else 0), read at rows[b]. checked: the value check (rows inside the state); None runs it
+    on CPU tensors only. Arguments are keyword-only.
+    """
+    _index_tensor("rows", rows, 1, "[bs]", None)
+    device = rows.device
+    pick_impl(impl, device)
+    _tensor("seq_len", seq_len, "[R] int64")
+    if seq_len.dim() != 1:
+        raise ValueError(f"seq_len must be a 1-D request-state vector [R], got shape {tuple(seq_len.shape)}")
+    r = seq_len.shape[0]
+    for name, t in (("seq_len", seq_len), ("pending", pending), ("req_id", req_id), ("finished", finished)):
+        _tensor(name, t, "[R]")
+        check_tensor(name, t, (r,), torch.bool if name == "finished" else torch.int64, device)
+    _tensor("drafts", drafts, "[R, S] int64")
+    if drafts.dim() != 2 or drafts.shape[0] != r:
+        raise ValueError(f"drafts must be [R, S] = [{r}, S] (one chain per state row), got shape {tuple(drafts.shape)}")
+    check_tensor("drafts", drafts, tuple(drafts.shape), torch.int64, device)
+    if _value_checks(checked, device) and rows.numel():
+        _raise_first([((rows < 0) | (rows >= r), f"rows must be rows of the request state, in [0, {r})")])
+    return chain_verify_rows_impl(rows, seq_len, pending, finished, req_id, drafts, impl)
+
+
+def draft_plan(*, q_lens: torch.Tensor, kv_lens: torch.Tensor, finished: torch.Tensor, width: int, num_steps: int,
+               impl: str = "auto", checked: bool | None = None) -> DraftPlan:
+    """Where a draft phase's tokens sit (docs/semantics.md 6.18): the draft-extend's rows and the
+    draft steps' positions, per lane.
+
+    q_lens [bs] int64: the lane's new tokens for the extend, in [0, width]; kv_lens [bs] int64 >= 0:
+    its draft entries before them; finished [bs] bool: a finished lane runs nothing; width: the
+    extend's columns (>= 1); num_steps: the draft steps' positions wanted (>= 1). Returns a
+    `DraftPlan` of int64 tensors: q_lens (0 where finished), positions [bs, width] = kv_lens + 1 + j,
+    last = max(q_lens - 1, 0), root = kv_lens + q_lens, ahead [bs, num_steps] = root + 1 + s, live
+    (1 / 0). checked: the value checks (q_lens in [0, width], kv_lens >= 0); None runs them on CPU
+    tensors only. Arguments are keyword-only.
+    """
+    width = check_int("width", width, 1)
+    num_steps = check_int("num_steps", num_steps, 1)
+    _tensor("q_lens", q_lens, "[bs] int64")
+    if q_lens.dim() != 1:
+        raise ValueError(f"q_lens must be 1-D [bs], got shape {tuple(q_lens.shape)}")
+    bs, device = q_lens.shape[0], q_lens.device
+    pick_impl(impl, device)
+    check_tensor("q_lens", q_lens, (bs,), torch.int64, device)
+    _tensor("kv_lens", kv_lens, "[bs] int64")
+    check_tensor("kv_lens", kv_lens, (bs,), torch.int64, device)
+    _tensor("finished", finished, "[bs] bool")
+    check_tensor("finished", finished, (bs,), torch.bool, device)
+    if _value_checks(checked, device) and bs:
+        _raise_first([
+            ((q_lens < 0) | (q_lens > width), f"q_lens must lie in [0, width = {width}]"),
+            (kv_lens < 0, "kv_lens must be >= 0"),
+        ])
+    return draft_plan_impl(q_lens, kv_lens, finished, width, num_steps, impl)
 
 
 def commit_accepted_kv(*, kv: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,

@@ -3,7 +3,9 @@ replayed back to back.
 
 For the small preset at bs 1 (bfloat16, greedy, captured, bucket shapes), target-only and EAGLE S3
 k1: the mean wall time of 30 `step()` calls (graph replay, the one readback, the host's loop over
-the lanes) and of 30 replays of the same graph with nothing between them. Their difference is what
+the lanes), of 30 replays of the same graph with nothing between them, of 30 replays each followed
+by a sync (what a step that must read its result back before the next launch pays at least), and
+the host time of one `replay()` call on an idle device (the graph's launch). Their difference is what
 the host adds to a step; the rest is the graph itself (its kernels and the gaps between them).
 A cProfile of 30 steps says where the host's part goes.
 
@@ -48,6 +50,18 @@ def timed_ms(fn) -> float:
     return (time.perf_counter() - start) / STEPS * 1e3
 
 
+def launch_host_ms(graph) -> float:
+    """Host time of one `replay()` call (the graph launch), the device idle before it."""
+    total = 0.0
+    for _ in range(STEPS):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        graph.replay()
+        total += time.perf_counter() - start
+    torch.cuda.synchronize()
+    return total / STEPS * 1e3
+
+
 def main() -> None:
     models = specverify.build_models("small", compute_dtype="bfloat16", logits_dtype="bfloat16", device="cuda")
     prompt = [(7 * i + 3) % models.target.config.vocab_size for i in range(40)]
@@ -57,7 +71,10 @@ def main() -> None:
         for _ in range(5):
             dec.step()
         step_ms = timed_ms(dec.step)
-        replay_ms = timed_ms(dec.runner.graphs[1].replay)
+        graph = dec.runner.graphs[1]
+        replay_ms = timed_ms(graph.replay)
+        synced_ms = timed_ms(lambda: (graph.replay(), torch.cuda.synchronize()))
+        launch_ms = launch_host_ms(graph)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(STEPS):
@@ -66,7 +83,8 @@ def main() -> None:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(8)
         print(f"== {name}: step {step_ms:.3f} ms, back-to-back replay {replay_ms:.3f} ms, "
-              f"the host's part {step_ms - replay_ms:.3f} ms")
+              f"the host's part {step_ms - replay_ms:.3f} ms; one replay then a sync {synced_ms:.3f} ms; "
+              f"the replay() call alone {launch_ms:.3f} ms of host time")
         print(text.getvalue())
 
 

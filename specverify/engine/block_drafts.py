@@ -2,7 +2,7 @@
 (6.11), as draft strategies of `EagleCycle`.
 
 Both draft a chain (topk 1, D = S + 1), so the EAGLE cycle's verify, accept, commit, EOS cut,
-emit and packed result serve them unchanged (`chain_tree` reads the S drafts from
+emit and packed result serve them unchanged (`ops.chain_verify_rows` reads the S drafts from
 `EagleState.kept_tokens`); each class replaces `draft` (what is written to kept_tokens and to the
 draft K/V), and DFlash its greedy verify (`_verify_greedy`: the block op). Like EAGLE's draft they
 are tensor functions of the running rows: no host reads, no loops over requests, inactive lanes
@@ -25,42 +25,34 @@ from __future__ import annotations
 import torch
 
 from specverify import ops
-from specverify.engine.device_state import extend_batch
+from specverify.engine.device_state import draft_extend_batch
 from specverify.engine.eagle_cycle import EagleCycle
 from specverify.models import Batch
-from specverify.models.layers import lone_query_mask
-
-
-def _extend_batch(rows, tokens, q_lens, kv_lens, req_ids) -> Batch:
-    """The draft-extend rows: x_t (feature h_{t-1}) at draft index t - 1, position t."""
-    batch = extend_batch(rows, kv_lens, tokens, q_lens, req_ids)
-    batch.positions = batch.positions + 1
-    return batch
+from specverify.models.layers import chain_offsets, lone_query_mask
 
 
 class MtpCycle(EagleCycle):
     """The EAGLE cycle with the MTP chain draft: one head (and draft K/V layer) per draft step."""
 
-    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, active) -> None:
+    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, finished) -> None:
         heads = self.models.mtp
         bs = tokens.shape[0]
-        ar = torch.arange(bs, device=tokens.device)
-        q_lens = torch.where(active, q_lens, 0)
-        batch = _extend_batch(rows, tokens, q_lens, kv_lens, req_ids)
+        ar = chain_offsets(bs, tokens.device)
+        plan = ops.draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1],
+                              num_steps=self.S, checked=self.checked)
+        batch = draft_extend_batch(rows, tokens, kv_lens, plan, req_ids)
         root = heads[0].forward(self.cache, batch, feats)                 # head 0 drafts d_1 from the root's row
         for j in range(1, self.S):
             heads[j].hidden_states(self.cache, batch, feats)              # the other heads' context: K/V only
-        last = (q_lens - 1).clamp(min=0)                                    # the root's row
+        last = plan.last                                                    # the root's row
         token = self._top1(root.logits[ar, last], root.scale[ar, last])     # [bs, 1] d_1
         hidden = root.hidden[ar, last][:, None, :]                          # [bs, 1, H] the row that produced d_1
         drafts = [token]
-        prefix = kv_lens + q_lens                                           # the root position n
-        positions = prefix[:, None]
         sees_itself, no_parent = lone_query_mask(bs, 1, tokens.device)
-        one_row = torch.where(active, 1, 0)
         for step in range(1, self.S):
             # Head `step` runs d_step at position n + step, written at draft index n of its layer.
-            batch = Batch(token, positions + step, rows, prefix, one_row, sees_itself, no_parent, 0, req_ids=req_ids)
+            batch = Batch(token, plan.ahead[:, step - 1:step], rows, plan.root, plan.live, sees_itself, no_parent, 0,
+                          req_ids=req_ids)
             out = heads[step].forward(self.cache, batch, hidden)
             token = self._top1(out.logits[:, 0], out.scale[:, 0])
             hidden = out.hidden
@@ -76,18 +68,18 @@ class DFlashCycle(EagleCycle):
     """The EAGLE cycle with the DFlash block draft (one bidirectional forward of S mask rows) and
     the block op as its greedy verify."""
 
-    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, active) -> None:
+    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, finished) -> None:
         head, s = self.models.dflash, self.S
         bs = tokens.shape[0]
-        ar = torch.arange(bs, device=tokens.device)
-        q_lens = torch.where(active, q_lens, 0)
-        context = head.hidden_states(self.cache, _extend_batch(rows, tokens, q_lens, kv_lens, req_ids), feats)
-        root_hidden = context[ar, (q_lens - 1).clamp(min=0)]                                  # [bs, H] g
-        prefix = kv_lens + q_lens                                                           # the root position n
-        offsets = torch.arange(1, s + 1, device=tokens.device)
+        ar = chain_offsets(bs, tokens.device)
+        plan = ops.draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1], num_steps=s,
+                              checked=self.checked)
+        context = head.hidden_states(self.cache, draft_extend_batch(rows, tokens, kv_lens, plan, req_ids), feats)
+        root_hidden = context[ar, plan.last]                                                # [bs, H] g
         mask_ids = torch.full((bs, s), self.models.config.vocab_size, dtype=torch.int64, device=tokens.device)
         bidirectional = torch.ones((bs, s, s), dtype=torch.bool, device=tokens.device)
-        block = Batch(mask_ids, prefix[:, None] + offsets[None, :], rows, prefix, torch.where(active, s, 0),
+        # The block rows at positions n + 1 .. n + S, after the root's prefix n.
+        block = Batch(mask_ids, plan.ahead, rows, plan.root, plan.live * s,
                       bidirectional, torch.full_like(mask_ids, -1), 0, req_ids=req_ids)
         out = head.forward(self.cache, block, root_hidden[:, None, :].expand(-1, s, -1))
         index = ops.draft_token(out.logits.reshape(bs * s, -1), self.profile, out.scale.reshape(bs * s, 1))

@@ -18,6 +18,7 @@ import dataclasses
 import torch
 
 from specverify.engine.penalties import PenaltyState
+from specverify.kernels.draft_plan import DraftPlan
 from specverify.models import Batch, chain_mask
 from specverify.models.layers import chain_offsets
 
@@ -64,6 +65,15 @@ def extend_batch(rows: torch.Tensor, kv_lens: torch.Tensor, tokens: torch.Tensor
     mask, parents = chain_mask(bs, q, tokens.device)
     positions = kv_lens[:, None] + chain_offsets(q, tokens.device)[None, :]
     return Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, req_ids=req_ids)
+
+
+def draft_extend_batch(rows: torch.Tensor, tokens: torch.Tensor, kv_lens: torch.Tensor, plan: DraftPlan,
+                       req_ids: torch.Tensor) -> Batch:
+    """The draft-extend's chain (docs/semantics.md 6.18): token j of lane b at draft index
+    kv_lens[b] + j, position plan.positions[b, j]; plan.q_lens[b] of them live."""
+    bs, q = tokens.shape
+    mask, parents = chain_mask(bs, q, tokens.device)
+    return Batch(tokens, plan.positions, rows, kv_lens, plan.q_lens, mask, parents, req_ids=req_ids)
 
 
 class Readback:

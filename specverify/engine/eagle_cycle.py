@@ -22,18 +22,19 @@ import dataclasses
 
 import torch
 
-from specverify.engine.device_state import RequestState, extend_batch
+from specverify.engine.device_state import RequestState, draft_extend_batch
 from specverify.engine.penalties import PenaltyState, penalize, tree_counts
 from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
 from specverify.engine.spec_config import SpecConfig
 from specverify.engine.state_commit import commit_recurrent_states, tracking_step
 from specverify.engine.uniforms import counter_uniforms
-from specverify.kernels.tree import build_tree, chain_tree
+from specverify.kernels.tree import build_tree, chain_tree_of
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models
 from specverify.models.kv_cache import SINK_SLOT
-from specverify.models.layers import lone_query_mask
-from specverify.ops import accepted_tokens, commit_accepted_kv, draft_token, draft_topk, emit_tokens
+from specverify.models.layers import chain_offsets, lone_query_mask
+from specverify.ops import (accepted_tokens, chain_verify_rows, commit_accepted_kv, draft_plan, draft_token, draft_topk,
+                            emit_tokens)
 from specverify.platform import PlatformProfile
 from specverify.spec.eagle import expand_search, finish_search, start_search
 
@@ -73,31 +74,29 @@ class EagleCycle:
         self.with_logits, self.checked = with_logits, checked
 
     # -- draft -------------------------------------------------------------------------------
-    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, active) -> None:
+    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, finished) -> None:
         """Draft-extend q_lens[b] tokens (features feats [bs, q, H]) after kv_lens[b] draft
         entries, then the S-step tree search; the kept candidates go to the state rows. Lanes
-        not `active` write nothing to the caches."""
+        `finished` write nothing to the caches."""
         head, k, st = self.models.draft, self.k, self.state
         bs = tokens.shape[0]
-        ar = torch.arange(bs, device=tokens.device)
-        q_lens = torch.where(active, q_lens, 0)
-        # x_t sits at draft index t-1, position t.
-        batch = extend_batch(rows, kv_lens, tokens, q_lens, req_ids)
-        batch.positions = batch.positions + 1
-        out = head.forward(self.cache, batch, feats)
-        last = (q_lens - 1).clamp(min=0)
-        prefix = kv_lens + q_lens                                           # draft prefix = root position
+        ar = chain_offsets(bs, tokens.device)                               # 0..bs-1, kept
+        # x_t sits at draft index t-1, position t; the root (the last live token) at plan.root.
+        plan = draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1],
+                          num_steps=self.S, checked=self.checked)
+        out = head.forward(self.cache, draft_extend_batch(rows, tokens, kv_lens, plan, req_ids), feats)
         if k == 1:
-            self._draft_chain(rows, out, ar, last, prefix, req_ids, active)
+            self._draft_chain(rows, out, ar, plan, req_ids)
             return
+        last = plan.last
         p0, idx0 = draft_topk(out.logits[ar, last], k, self.profile, out.scale[ar, last])
         search = start_search(p0, idx0, self.S)
         hidden = out.hidden[ar, last][:, None, :].expand(-1, k, -1)         # [bs, k, H]
-        beams = torch.where(active, k, 0)
+        beams = plan.live * k
         for step in range(1, self.S):
-            pos = (prefix + step)[:, None].expand(-1, k)                    # beams sit at depth `step`
+            pos = plan.ahead[:, step - 1, None].expand(-1, k)               # beams sit at depth `step`
             region = (step - 1) * k
-            dbatch = Batch(search.tokens, pos, rows, prefix, beams, search.ancestors[:, :, :region + k],
+            dbatch = Batch(search.tokens, pos, rows, plan.root, beams, search.ancestors[:, :, :region + k],
                            torch.full_like(pos, -1), region, req_ids=req_ids)
             dout = head.forward(self.cache, dbatch, hidden)
             p, idx = draft_topk(dout.logits.reshape(bs * k, -1), k, self.profile, dout.scale.reshape(bs * k, 1))
@@ -107,19 +106,18 @@ class EagleCycle:
         st.kept_tokens[rows] = kept_tokens
         st.beam_flat[rows] = beam_flat
 
-    def _draft_chain(self, rows, out, ar, last, prefix, req_ids, active) -> None:
+    def _draft_chain(self, rows, out, ar, plan, req_ids) -> None:
         """The search with topk 1: a chain. Each step's one beam is the argmax child of the last
-        (its score and flat index are never read: only the tokens reach the next tree, `chain_tree`),
+        (its score and flat index are never read: only the tokens reach the next tree, `ops.chain_verify_rows`),
         so the S - 1 steps run the head on the last token and keep the head's hidden state; step s
         sees the draft prefix and the region entries 0..s-1, its own the last."""
         head, bs = self.models.draft, rows.shape[0]
-        token = draft_token(out.logits[ar, last], self.profile, out.scale[ar, last])    # [bs, 1]
-        hidden = out.hidden[ar, last][:, None, :]                                     # [bs, 1, H]
+        token = draft_token(out.logits[ar, plan.last], self.profile, out.scale[ar, plan.last])    # [bs, 1]
+        hidden = out.hidden[ar, plan.last][:, None, :]                                          # [bs, 1, H]
         drafts = [token]
-        beams = torch.where(active, 1, 0)
         for step in range(1, self.S):
             seen, no_parent = lone_query_mask(bs, step, rows.device)
-            dbatch = Batch(token, (prefix + step)[:, None], rows, prefix, beams, seen, no_parent, step - 1,
+            dbatch = Batch(token, plan.ahead[:, step - 1:step], rows, plan.root, plan.live, seen, no_parent, step - 1,
                            req_ids=req_ids)
             dout = head.forward(self.cache, dbatch, hidden)
             token = draft_token(dout.logits[:, 0], self.profile, dout.scale[:, 0])
@@ -131,16 +129,19 @@ class EagleCycle:
     def __call__(self, inp: dict) -> dict:
         rs, st = self.state.requests, self.state
         rows = inp["rows"]
-        live = ~rs.finished[rows]
-        n, req_ids, roots = rs.seq_len[rows], rs.req_id[rows], rs.pending[rows]
-        kept_tokens = st.kept_tokens[rows]
         if self.k == 1:
-            tree = chain_tree(roots, kept_tokens, n)
+            # A chain: its rows read off the state in one op (6.19), its shared fields kept views.
+            chain = chain_verify_rows(rows=rows, seq_len=rs.seq_len, pending=rs.pending, finished=rs.finished,
+                                      req_id=rs.req_id, drafts=st.kept_tokens, checked=self.checked)
+            n, req_ids, live, q_lens = chain.seq_lens, chain.req_ids, chain.live, chain.q_lens
+            tree = chain_tree_of(chain.tokens, chain.positions)
         else:
-            tree = build_tree(roots, st.kept_flat[rows], kept_tokens, st.beam_flat[rows], n, topk=self.k,
+            live = ~rs.finished[rows]
+            n, req_ids, roots = rs.seq_len[rows], rs.req_id[rows], rs.pending[rows]
+            tree = build_tree(roots, st.kept_flat[rows], st.kept_tokens[rows], st.beam_flat[rows], n, topk=self.k,
                               num_steps=self.S, checked=self.checked)
-        batch = Batch(tree.tokens, tree.positions, rows, n, torch.where(live, self.D, 0), tree.mask, tree.parents,
-                      req_ids=req_ids)
+            q_lens = torch.where(live, self.D, 0)
+        batch = Batch(tree.tokens, tree.positions, rows, n, q_lens, tree.mask, tree.parents, req_ids=req_ids)
         out = self.models.target.forward(self.cache, batch, commit_state=False)
         accept, num_correct, bonus = self._accept(tree, out, rows, req_ids, n)
 
@@ -157,17 +158,26 @@ class EagleCycle:
             rs.penalty.record(rows, produced, taken)
 
         # Draft-extend over the accepted drafts and the bonus, fed by the target hidden states.
-        nodes = accept.clamp(min=0)                                         # past the path: the root's row
-        feats = out.hidden.gather(1, nodes[:, :, None].expand(-1, -1, out.hidden.shape[2]))     # [bs, W, H]
-        self.draft(rows, produced, count, feats, n, req_ids, ~finished)
+        if self.k == 1:
+            # A chain's node at depth j is node j: its hidden rows in order, W = D of them (a row past
+            # the path feeds a padded extend token, which writes only the sink and is never read).
+            feats = out.hidden
+        else:
+            feats = out.hidden.gather(1, self._nodes(accept)[:, :, None].expand(-1, -1, out.hidden.shape[2]))
+        self.draft(rows, produced, count, feats, n, req_ids, finished)
 
         packed = torch.cat([head, tree.tokens, tree.parents, accept], 1)
         result = {"packed": packed}
         if self.with_logits:
             ar = torch.arange(rows.shape[0], device=rows.device)
+            nodes = self._nodes(accept)
             result["logits"] = out.logits[ar[:, None], nodes]                # [bs, W, V]
             result["scale"] = out.scale[ar[:, None], nodes]                  # [bs, W, 1]
         return result
+
+    def _nodes(self, accept: torch.Tensor) -> torch.Tensor:
+        """The tree node of each accepted depth [bs, W]."""
+        return accept.clamp(min=0)                                         # past the path: the root's row
 
     def _accept(self, tree, out, rows, req_ids, n):
         penalty = self.state.requests.penalty

@@ -126,12 +126,11 @@ class SpecDecoder(DeviceDecoder):
         ar = torch.arange(len(reqs), device=self.dev)
         tokens = torch.cat([batch.input_ids[:, 1:], torch.zeros_like(batch.input_ids[:, :1])], 1)
         tokens[ar, batch.q_lens - 1] = first
-        draft_args = (batch.rows, tokens, batch.q_lens, out.hidden, torch.zeros_like(batch.q_lens), batch.req_ids,
-                      ~finished)
+        draft_args = (batch.rows, tokens, batch.q_lens, out.hidden, torch.zeros_like(batch.q_lens), batch.req_ids)
         if self.naive:
-            self.cycle.draft(*draft_args, batch.q_lens - 1)
+            self.cycle.draft(*draft_args, ~finished, batch.q_lens - 1)
         else:
-            self.cycle.draft(*draft_args)
+            self.cycle.draft(*draft_args, finished)
         self.take_first_tokens(reqs, first, finished)
 
     # -- one cycle -------------------------------------------------------------------------------

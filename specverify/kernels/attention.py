@@ -25,6 +25,8 @@ from specverify.kernels.launch import check_launchable, pick_impl
 
 BLOCK_N = 64        # cache indices per KV block of the Triton kernel (32: 0.33 TB/s, 64: 0.54 TB/s at
                     # 8K context, bs 64, decode, H100; benchmarks/results/device_cycle-*.md)
+NUM_WARPS = 4
+NUM_STAGES = 3      # Triton's defaults
 
 
 @triton.jit
@@ -126,7 +128,8 @@ def _acc_dtype(q: torch.Tensor) -> torch.dtype:
 
 
 def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region, scale,
-                         impl: str = "auto", block_n: int = BLOCK_N, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                         impl: str = "auto", block_n: int = BLOCK_N, out_dtype: torch.dtype | None = None,
+                         num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES) -> torch.Tensor:
     """The kernel wrapper behind `specverify.ops.paged_attention` (inputs already checked).
     tree_mask: bool or int8 (the engine converts it once per forward, not per layer).
     out_dtype: the Triton path's output dtype (default float32): the kernel rounds its float32
@@ -155,5 +158,5 @@ def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_len
         region, nq, group, float(scale),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *req_to_token.stride(),
         *mask.stride(),
-        HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_N=block_n)
+        HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     return out

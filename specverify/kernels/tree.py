@@ -323,18 +323,25 @@ def chain_tree(root_tokens: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: 
     check_tensor("draft_tokens", draft_tokens, (bs, s), torch.int64, device)
     check_tensor("root_tokens", root_tokens, (bs,), torch.int64, device)
     check_tensor("seq_lens", seq_lens, (bs,), torch.int64, device)
-    d = s + 1
-    node, parents, mask, first_child, next_sibling = kept_chain_rows(d, device)
+    node = kept_chain_rows(s + 1, device)[0]
+    return chain_tree_of(torch.cat([root_tokens[:, None], draft_tokens], dim=1), seq_lens[:, None] + node[None, :])
+
+
+def chain_tree_of(tokens: torch.Tensor, positions: torch.Tensor) -> DraftTree:
+    """The chain tree of tokens [bs, D] (the root, then the drafts) at positions [bs, D], e.g. the
+    rows `ops.chain_verify_rows` reads from the request state."""
+    bs, d = tokens.shape
+    _, parents, mask, first_child, next_sibling = kept_chain_rows(d, tokens.device)
     # The fields every request shares are one row expanded (read-only views: no copy per request),
     # made once per (D, device): a captured cycle replays no kernel for them.
     return DraftTree(
-        tokens=torch.cat([root_tokens[:, None], draft_tokens], dim=1),
+        tokens=tokens,
         parents=parents.expand(bs, d),
-        positions=seq_lens[:, None] + node[None, :],
+        positions=positions,
         mask=mask.expand(bs, d, d),
         first_child=first_child.expand(bs, d),
         next_sibling=next_sibling.expand(bs, d),
-        flat_index=_flat_index(bs, d, device),
+        flat_index=_flat_index(bs, d, tokens.device),
     )
 
 

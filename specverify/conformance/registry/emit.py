@@ -1,5 +1,6 @@
 """The emit of a decode step: the EOS / max_new_tokens cut and the request state it moves
-(docs/semantics.md 6.15), and the candidate tokens a verify's accepted path makes (6.17).
+(docs/semantics.md 6.15), the candidate tokens a verify's accepted path makes (6.17), where the
+draft phase after it runs (6.18), and the rows a chain cycle verifies (6.19).
 
 Records of the op registry (specverify/conformance/registry/__init__.py)."""
 
@@ -314,6 +315,201 @@ def _accepted_errors(which: str):
         "checked")
     yield ErrorInput("bad-impl", call(impl="gpu"), ValueError, "impl must be one of", "impl")
 
+PLAN_FIELDS = ("q_lens", "positions", "last", "root", "ahead", "live")
+
+
+def _plan_sample(name, seed, *, bs, width, num_steps, q_lens=None, kv_lens=None, finished=None,
+                 strided=False) -> SampleInput:
+    """q_lens drawn in [0, width], kv_lens in [0, 2**20), finished with probability 1/3, unless
+    given per lane. strided: every input a column of a wider tensor (the op reads through strides)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, width + 1, (bs,), generator=gen) if q_lens is None else torch.tensor(q_lens, dtype=torch.int64)
+    kv = torch.randint(0, 2**20, (bs,), generator=gen) if kv_lens is None else torch.tensor(kv_lens, dtype=torch.int64)
+    done = (torch.randint(0, 3, (bs,), generator=gen) == 0) if finished is None else torch.tensor(finished, dtype=torch.bool)
+    if strided:
+        q, kv, done = _column(q), _column(kv), _column(done)
+    args = {"q_lens": q, "kv_lens": kv, "finished": done, "width": width, "num_steps": num_steps}
+    return SampleInput(f"{name}-bs{bs}-q{width}-S{num_steps}", args, seed)
+
+
+def _plan_samples(dtype: str, seed: int):
+    yield _plan_sample("empty-batch", seed, bs=0, width=4, num_steps=3)
+    yield _plan_sample("random-lanes", seed + 1, bs=7, width=4, num_steps=3)
+    yield _plan_sample("boundary-none-and-all-new", seed + 2, bs=4, width=5, num_steps=2, q_lens=(0, 5, 0, 5),
+                       finished=(False, False, True, True))
+    yield _plan_sample("boundary-empty-prefix", seed + 3, bs=3, width=3, num_steps=1, kv_lens=(0, 0, 0),
+                       q_lens=(1, 3, 0), finished=(False, False, False))
+    yield _plan_sample("boundary-one-column-one-step", seed + 4, bs=3, width=1, num_steps=1)
+    yield _plan_sample("every-lane-finished", seed + 5, bs=4, width=4, num_steps=4,
+                       finished=(True, True, True, True))
+    yield _plan_sample("long-prefix-past-int32", seed + 6, bs=3, width=4, num_steps=3,
+                       kv_lens=(2**31 - 2, 2**33 + 5, 2**31 + 1), q_lens=(4, 1, 2), finished=(False, False, True))
+    yield _plan_sample("strided-inputs", seed + 7, bs=5, width=6, num_steps=5, strided=True)
+    yield _plan_sample("wide-extend-many-steps", seed + 8, bs=2, width=64, num_steps=9, q_lens=(64, 37))
+
+
+def _plan_recipe(dtype: str):
+    from hypothesis import strategies as st
+
+    def build(t):
+        seed, bs, width, steps, strided = t
+        return _plan_sample("hyp", seed, bs=bs, width=width, num_steps=steps, strided=strided)
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(1, 9), st.integers(1, 6),
+                     st.booleans()).map(build)
+
+
+def _plan_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        plan = ops.draft_plan(**s.args, impl=which)
+        out = dict(zip(PLAN_FIELDS, plan))
+        for name, t in out.items():
+            if t.dtype != torch.int64 or not t.is_contiguous():   # EXACT compares values: the contract's layout here
+                raise AssertionError(f"draft_plan must return {name} as a contiguous torch.int64 tensor, got {t.dtype}")
+        return out
+    return impl
+
+
+def _plan_ref(s: SampleInput) -> dict:
+    out = reference.draft_plan(**{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in s.args.items()})
+    bs = s.args["q_lens"].shape[0]
+    shapes = {"positions": (bs, s.args["width"]), "ahead": (bs, s.args["num_steps"])}
+    return {k: torch.tensor(v, dtype=torch.int64).view(shapes.get(k, (bs,))) for k, v in out.items()}
+
+
+def _plan_errors(which: str):
+    base = _plan_sample("base", 0, bs=3, width=4, num_steps=3, q_lens=(1, 4, 0), kv_lens=(5, 0, 9),
+                        finished=(False, True, False)).args
+
+    def call(**changes):
+        return lambda: ops.draft_plan(**{**base, "impl": which, **changes})
+    q, kv, done = base["q_lens"], base["kv_lens"], base["finished"]
+    yield ErrorInput("q-lens-2d", call(q_lens=q[None]), ValueError, r"q_lens must be 1-D \[bs\]", "q_lens")
+    yield ErrorInput("q-lens-int32", call(q_lens=q.int()), ValueError, "q_lens must be torch.int64", "q_lens")
+    yield ErrorInput("q-lens-list", call(q_lens=q.tolist()), TypeError, "q_lens must be a torch.Tensor", "q_lens")
+    yield ErrorInput("kv-lens-short", call(kv_lens=kv[:2]), ValueError, r"kv_lens must have shape \[3\]", "kv_lens")
+    yield ErrorInput("kv-lens-float", call(kv_lens=kv.float()), ValueError, "kv_lens must be torch.int64", "kv_lens")
+    yield ErrorInput("finished-long", call(finished=done.long()), ValueError, "finished must be torch.bool", "finished")
+    yield ErrorInput("finished-short", call(finished=done[:1]), ValueError, r"finished must have shape \[3\]",
+                     "finished")
+    yield ErrorInput("width-zero", call(width=0), ValueError, r"width must be .*>= 1", "width")
+    yield ErrorInput("width-float", call(width=4.0), TypeError, "width must be an int", "width")
+    yield ErrorInput("num-steps-zero", call(num_steps=0), ValueError, r"num_steps must be .*>= 1", "num_steps")
+    yield ErrorInput("q-lens-past-width", call(q_lens=torch.tensor([1, 5, 0])), ValueError,
+                     r"q_lens must lie in \[0, width = 4\]", "q_lens")
+    yield ErrorInput("q-lens-negative", call(q_lens=torch.tensor([1, -1, 0])), ValueError,
+                     r"q_lens must lie in \[0, width = 4\]", "q_lens")
+    yield ErrorInput("kv-lens-negative", call(kv_lens=torch.tensor([5, 0, -2])), ValueError, "kv_lens must be >= 0",
+                     "kv_lens")
+    yield ErrorInput("checked-not-bool", call(checked=1), TypeError, "checked must be True, False or None", "checked")
+    yield ErrorInput("bad-impl", call(impl="gpu"), ValueError, "impl must be one of", "impl")
+
+
+PLAN_COMPARE = {k: EXACT for k in PLAN_FIELDS}
+
+
+CHAIN_FIELDS = ("tokens", "positions", "seq_lens", "req_ids", "live", "q_lens")
+
+
+def _chain_sample(name, seed, *, bs, rows_total, steps, finished=None, pad_row=None, dead=(), seq_lens=None,
+                  rows_dtype=torch.int64, strided=False, vocab=32000) -> SampleInput:
+    """Lanes on a permutation of bs of rows_total state rows (or, with pad_row, the lanes of
+    `dead` all on that one finished row, as a graph's padded lanes are); every row a chain of
+    `steps` drafts below vocab; finished: per row (None: drawn, 1 in 3). strided: the state vectors
+    columns of [R, 3] tensors and drafts every other column of a wider one."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randperm(rows_total, generator=gen)[:bs]
+    if pad_row is not None:
+        rows[list(dead)] = pad_row
+    seq_len = (torch.randint(0, 2**20, (rows_total,), generator=gen) if seq_lens is None
+               else torch.tensor(seq_lens, dtype=torch.int64))
+    pending = torch.randint(0, vocab, (rows_total,), generator=gen)
+    req_id = torch.randint(0, 2**16, (rows_total,), generator=gen)
+    done = ((torch.randint(0, 3, (rows_total,), generator=gen) == 0) if finished is None
+            else torch.tensor(finished, dtype=torch.bool))
+    if pad_row is not None:
+        done[pad_row] = True
+    drafts = torch.randint(0, vocab, (rows_total, steps), generator=gen)
+    if strided:
+        seq_len, pending, req_id, done = _column(seq_len), _column(pending), _column(req_id), _column(done)
+        drafts = _columns(drafts)
+    args = {"rows": rows.to(rows_dtype), "seq_len": seq_len, "pending": pending, "finished": done, "req_id": req_id,
+            "drafts": drafts}
+    return SampleInput(f"{name}-bs{bs}-R{rows_total}-S{steps}", args, seed)
+
+
+def _chain_samples(dtype: str, seed: int):
+    yield _chain_sample("empty-batch", seed, bs=0, rows_total=3, steps=3)
+    yield _chain_sample("random-rows", seed + 1, bs=6, rows_total=9, steps=3)
+    yield _chain_sample("padded-lanes-on-the-pad-row", seed + 2, bs=5, rows_total=6, steps=2, pad_row=0, dead=(1, 3, 4))
+    yield _chain_sample("boundary-root-only", seed + 3, bs=3, rows_total=4, steps=0)
+    yield _chain_sample("boundary-every-row-live-and-empty-prefix", seed + 4, bs=4, rows_total=4, steps=4,
+                        finished=(False,) * 4, seq_lens=(0, 0, 1, 0))
+    yield _chain_sample("long-prefix-past-int32", seed + 5, bs=3, rows_total=3, steps=3, finished=(False, True, False),
+                        seq_lens=(2**31 - 2, 2**33 + 5, 2**31))
+    yield _chain_sample("int32-rows", seed + 6, bs=4, rows_total=7, steps=3, rows_dtype=torch.int32)
+    yield _chain_sample("strided-state", seed + 7, bs=5, rows_total=8, steps=5, strided=True)
+    yield _chain_sample("boundary-vocab-edge", seed + 8, bs=3, rows_total=3, steps=2, vocab=2)
+    yield _chain_sample("long-chain", seed + 9, bs=2, rows_total=3, steps=15)
+
+
+def _chain_recipe(dtype: str):
+    from hypothesis import strategies as st
+
+    def build(t):
+        seed, bs, spare, steps, strided, int32 = t
+        return _chain_sample("hyp", seed, bs=bs, rows_total=bs + spare, steps=steps, strided=strided,
+                             rows_dtype=torch.int32 if int32 else torch.int64)
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(0, 3), st.integers(0, 7), st.booleans(),
+                     st.booleans()).map(build)
+
+
+def _chain_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        out = dict(zip(CHAIN_FIELDS, ops.chain_verify_rows(**s.args, impl=which)))
+        for name, t in out.items():
+            want = torch.bool if name == "live" else torch.int64
+            if t.dtype != want or not t.is_contiguous():   # EXACT compares values: the contract's layout here
+                raise AssertionError(f"chain_verify_rows must return {name} as a contiguous {want} tensor, got {t.dtype}")
+        return out
+    return impl
+
+
+def _chain_ref(s: SampleInput) -> dict:
+    out = reference.chain_verify_rows(**{k: v.tolist() for k, v in s.args.items()})
+    bs, d = s.args["rows"].shape[0], s.args["drafts"].shape[1] + 1
+    shapes = {"tokens": (bs, d), "positions": (bs, d)}
+    return {k: torch.tensor(v, dtype=torch.bool if k == "live" else torch.int64).view(shapes.get(k, (bs,)))
+            for k, v in out.items()}
+
+
+def _chain_errors(which: str):
+    base = _chain_sample("base", 0, bs=3, rows_total=4, steps=3, finished=(False, True, False, False)).args
+
+    def call(**changes):
+        return lambda: ops.chain_verify_rows(**{**base, "impl": which, **changes})
+    rows, seq_len, pending, done, rid, drafts = (base[k] for k in ("rows", "seq_len", "pending", "finished", "req_id",
+                                                                   "drafts"))
+    yield ErrorInput("rows-2d", call(rows=rows[None]), ValueError, r"rows must be 1-D \[bs\]", "rows")
+    yield ErrorInput("rows-float", call(rows=rows.float()), ValueError, "rows must be int32 or int64", "rows")
+    yield ErrorInput("rows-list", call(rows=rows.tolist()), TypeError, "rows must be a torch.Tensor", "rows")
+    yield ErrorInput("seq-len-2d", call(seq_len=seq_len[:, None]), ValueError, r"seq_len must be a 1-D", "seq_len")
+    yield ErrorInput("pending-int32", call(pending=pending.int()), ValueError, "pending must be torch.int64", "pending")
+    yield ErrorInput("finished-long", call(finished=done.long()), ValueError, "finished must be torch.bool", "finished")
+    yield ErrorInput("req-id-short", call(req_id=rid[:3]), ValueError, r"req_id must have shape \[4\]", "req_id")
+    yield ErrorInput("drafts-1d", call(drafts=drafts[:, 0]), ValueError, r"drafts must be \[R, S\] = \[4, S\]", "drafts")
+    yield ErrorInput("drafts-other-rows", call(drafts=drafts[:3]), ValueError, r"drafts must be \[R, S\] = \[4, S\]",
+                     "drafts")
+    yield ErrorInput("drafts-int32", call(drafts=drafts.int()), ValueError, "drafts must be torch.int64", "drafts")
+    yield ErrorInput("row-past-the-state", call(rows=torch.tensor([0, 4, 1])), ValueError,
+                     r"rows must be rows of the request state, in \[0, 4\)", "rows")
+    yield ErrorInput("row-negative", call(rows=torch.tensor([0, -1, 1])), ValueError,
+                     r"rows must be rows of the request state, in \[0, 4\)", "rows")
+    yield ErrorInput("checked-not-bool", call(checked=1), TypeError, "checked must be True, False or None", "checked")
+    yield ErrorInput("bad-impl", call(impl="gpu"), ValueError, "impl must be one of", "impl")
+
+
+CHAIN_COMPARE = {k: EXACT for k in CHAIN_FIELDS}
+
 
 ACCEPTED_COMPARE = {"produced": EXACT, "count": EXACT}
 
@@ -329,4 +525,15 @@ RECORDS = (
     OpSpec("accepted_tokens_triton", _accepted_impl("triton"), _accepted_ref, _accepted_samples, _accepted_recipe,
            lambda: _accepted_errors("triton"), only("float32"), ACCEPTED_COMPARE, platform_dependent=False,
            max_examples=5, edge_exempt=EMIT_EDGE_EXEMPT),
+    OpSpec("draft_plan", _plan_impl("torch"), _plan_ref, _plan_samples, _plan_recipe, lambda: _plan_errors("torch"),
+           only("float32"), PLAN_COMPARE, platform_dependent=False, max_examples=15, edge_exempt=EMIT_EDGE_EXEMPT),
+    OpSpec("draft_plan_triton", _plan_impl("triton"), _plan_ref, _plan_samples, _plan_recipe,
+           lambda: _plan_errors("triton"), only("float32"), PLAN_COMPARE, platform_dependent=False, max_examples=5,
+           edge_exempt=EMIT_EDGE_EXEMPT),
+    OpSpec("chain_verify_rows", _chain_impl("torch"), _chain_ref, _chain_samples, _chain_recipe,
+           lambda: _chain_errors("torch"), only("float32"), CHAIN_COMPARE, platform_dependent=False, max_examples=15,
+           edge_exempt=EMIT_EDGE_EXEMPT),
+    OpSpec("chain_verify_rows_triton", _chain_impl("triton"), _chain_ref, _chain_samples, _chain_recipe,
+           lambda: _chain_errors("triton"), only("float32"), CHAIN_COMPARE, platform_dependent=False, max_examples=5,
+           edge_exempt=EMIT_EDGE_EXEMPT),
 )

@@ -1,0 +1,56 @@
+"""What a CUDA graph's launch costs per node (issue 25): graphs of N tiny kernels (an in-place add
+on 256 floats), for each N the host time of one `replay()` call on an idle device, one replay then
+a sync, and replays back to back; the slope over N is the per-node cost a step pays when it must
+wait for its result before the next launch.
+
+    PYTHONPATH=. python3 benchmarks/experiments/graph_launch.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+REPS = 50
+
+
+def per_replay_ms(fn) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(REPS):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / REPS * 1e3
+
+
+def main() -> None:
+    x = torch.zeros(256, device="cuda")
+    print("| nodes | replay() host ms | replay + sync ms | back to back ms |\n|---|---|---|---|")
+    for n in (1, 25, 50, 100, 200, 400):
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                for _ in range(n):
+                    x.add_(1.0)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(n):
+                x.add_(1.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        host = 0.0
+        for _ in range(REPS):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            graph.replay()
+            host += time.perf_counter() - start
+        torch.cuda.synchronize()
+        synced = per_replay_ms(lambda: (graph.replay(), torch.cuda.synchronize()))
+        b2b = per_replay_ms(graph.replay)
+        print(f"| {n} | {host / REPS * 1e3:.3f} | {synced:.3f} | {b2b:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

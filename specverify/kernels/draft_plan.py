@@ -1,0 +1,80 @@
+"""Where a draft phase's tokens sit (docs/semantics.md 6.18): the draft-extend's rows after a
+verify (or a prefill) and the positions of the draft steps after it, in one kernel.
+
+A lane's draft-extend runs its q_lens[b] new tokens x_t, token j at draft index kv_lens[b] + j and
+position kv_lens[b] + 1 + j (x_t sits at position t, its draft entry at t - 1); a finished lane
+runs none. The last of them is the root of the next tree, at position root[b] = kv_lens[b] +
+q_lens[b] (the draft prefix every draft step sees), in the row last[b] of the extend's output; the
+draft steps then sit at positions root[b] + 1 .. root[b] + S. A chain step has one live query on a
+live lane (live[b] = 1) and none on a finished one.
+
+The torch path is the where / add / sub / clamp sequence each draft ran (about ten kernels on a GPU,
+every cycle); the Triton kernel is one launch of one program per lane.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from specverify.kernels.launch import check_launchable, pick_impl
+
+
+class DraftPlan(NamedTuple):
+    """Per lane (every field int64, contiguous, on the inputs' device)."""
+    q_lens: torch.Tensor      # [bs] the extend's live tokens: 0 on a finished lane
+    positions: torch.Tensor   # [bs, width] position of extend token j: kv_lens + 1 + j (padding too)
+    last: torch.Tensor        # [bs] the extend row of the root (its last live token; 0 when none)
+    root: torch.Tensor        # [bs] the root's position: kv_lens + q_lens, the draft steps' prefix
+    ahead: torch.Tensor       # [bs, num_steps] the draft steps' positions root + 1 .. root + S
+    live: torch.Tensor        # [bs] 1 on a live lane, 0 on a finished one
+
+
+def _draft_plan_torch(q_lens, kv_lens, finished, width: int, num_steps: int) -> DraftPlan:
+    device = q_lens.device
+    q = torch.where(finished, 0, q_lens)
+    positions = kv_lens[:, None] + 1 + torch.arange(width, device=device)[None, :]
+    root = kv_lens + q
+    ahead = root[:, None] + 1 + torch.arange(num_steps, device=device)[None, :]
+    return DraftPlan(q, positions, (q - 1).clamp(min=0), root, ahead, (~finished).long())
+
+
+@triton.jit
+def _draft_plan_kernel(q_ptr, kv_ptr, fin_ptr, q_out, pos_out, last_out, root_out, ahead_out, live_out,
+                       width, num_steps, s_q, s_kv, s_fin,
+                       BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    done = tl.load(fin_ptr + b * s_fin) != 0
+    kv = tl.load(kv_ptr + b * s_kv)
+    q = tl.where(done, 0, tl.load(q_ptr + b * s_q))
+    j = tl.arange(0, BLOCK_Q)
+    tl.store(pos_out + b * width + j, kv + 1 + j, mask=j < width)
+    root = kv + q
+    s = tl.arange(0, BLOCK_S)
+    tl.store(ahead_out + b * num_steps + s, root + 1 + s, mask=s < num_steps)
+    tl.store(q_out + b, q)
+    tl.store(last_out + b, tl.maximum(q - 1, 0))
+    tl.store(root_out + b, root)
+    tl.store(live_out + b, tl.where(done, 0, 1).to(tl.int64))
+
+
+def draft_plan_impl(q_lens: torch.Tensor, kv_lens: torch.Tensor, finished: torch.Tensor, width: int,
+                    num_steps: int, impl: str = "auto") -> DraftPlan:
+    """The draft phase's per-lane plan (no argument checks: `ops.draft_plan` checks)."""
+    if pick_impl(impl, q_lens.device) == "torch":
+        return _draft_plan_torch(q_lens, kv_lens, finished, width, num_steps)
+    check_launchable(_draft_plan_kernel, q_lens.device)
+    bs = q_lens.shape[0]
+    i64 = dict(dtype=torch.int64, device=q_lens.device)
+    plan = DraftPlan(torch.empty(bs, **i64), torch.empty((bs, width), **i64), torch.empty(bs, **i64),
+                     torch.empty(bs, **i64), torch.empty((bs, num_steps), **i64), torch.empty(bs, **i64))
+    if bs == 0:
+        return plan
+    _draft_plan_kernel[(bs,)](
+        q_lens, kv_lens, finished, *plan, width, num_steps, q_lens.stride(0), kv_lens.stride(0), finished.stride(0),
+        BLOCK_Q=max(triton.next_power_of_2(width), 2), BLOCK_S=max(triton.next_power_of_2(num_steps), 2),
+        num_warps=1)
+    return plan
