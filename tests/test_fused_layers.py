@@ -135,3 +135,30 @@ def test_cuda_silu_mul_rows_past_int32():
     torch.cuda.empty_cache()
     want = torch.as_tensor(reference.silu_mul(gate_up=rows.double().numpy()))
     assert_close(got, want, "bfloat16", "silu_mul of rows past element 2**31")
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_rotary_kv_write_reads_the_tables_at_clamped_positions(impl):
+    """The forward hands the rotary op its positions unclamped (a padded lane may sit past the
+    RoPE table) and the op reads the tables at them clamped to [0, P): exactly what the in-range
+    positions give, also through a strided positions vector (a draft step's column of the plan)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(3)
+    tokens, hq, hkv, dim, rows, slots_total = 6, 4, 2, 16, 7, 10
+    qkv = torch.randn((tokens, hq + 2 * hkv, dim), generator=gen).to(dev)
+    cos, sin = (torch.randn((rows, dim // 2), generator=gen).to(dev) for _ in range(2))
+    wild = torch.tensor([-3, -1, 0, 6, 7, 1000])
+    strided = torch.stack([wild, torch.zeros_like(wild)], 1)[:, 0]        # stride 2
+    slots = torch.tensor([1, 2, 3, 4, 5, 6], device=dev)
+
+    def run_at(positions):
+        k, v = (torch.zeros((slots_total, hkv, dim), device=dev) for _ in range(2))
+        q = specverify.ops.rotary_kv_write(qkv=qkv, positions=positions.to(dev), cos=cos, sin=sin, k_cache=k,
+                                           v_cache=v, slots=slots, num_q_heads=hq, impl=impl, checked=False)
+        return q, k, v
+
+    want = run_at(wild.clamp(0, rows - 1))
+    for positions in (wild, strided):
+        for got, expected in zip(run_at(positions), want):
+            assert torch.equal(got, expected), f"positions {positions.tolist()} not read clamped to [0, {rows})"

@@ -94,7 +94,7 @@ def add_rmsnorm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
 
 @triton.jit
 def _rotary_kv_write_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
-                            num_q_heads, num_kv_heads,
+                            num_q_heads, num_kv_heads, table_rows,
                             s_xt, s_xh, s_pos, s_cs, s_qt, s_qh, s_ks, s_kh, s_vs, s_vh,
                             HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)       # a long prefill's tokens x stride may pass 2**31
@@ -102,7 +102,7 @@ def _rotary_kv_write_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr,
     d = tl.arange(0, HALF)
     total = num_q_heads + 2 * num_kv_heads
     live = heads < total
-    pos = tl.load(pos_ptr + t)
+    pos = tl.minimum(tl.maximum(tl.load(pos_ptr + t * s_pos), 0), table_rows - 1)     # read clamped to the tables
     slot = tl.load(slot_ptr + t)
     cos = tl.load(cos_ptr + pos * s_cs + d).to(tl.float32)[None, :]
     sin = tl.load(sin_ptr + pos * s_cs + d).to(tl.float32)[None, :]
@@ -137,12 +137,14 @@ def rotary_kv_write_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, num_q_heads: int,
                          impl: str = "auto") -> torch.Tensor:
     """Rotated query heads [T, Hq, D] of qkv [T, Hq + 2 Hkv, D]; writes the rotated keys and the
-    values to the caches at `slots` (the wrapper behind `ops.rotary_kv_write`, inputs checked)."""
+    values to the caches at `slots` (the wrapper behind `ops.rotary_kv_write`, inputs checked). The
+    tables are read at the positions clamped to [0, P)."""
     t, heads, dim = qkv.shape
     nkv = (heads - num_q_heads) // 2
     if not use_triton(impl, qkv):
-        c = cos[positions].to(qkv.dtype)[:, None, :]
-        s = sin[positions].to(qkv.dtype)[:, None, :]
+        rows = positions.clamp(0, cos.shape[0] - 1)                 # read clamped to the tables
+        c = cos[rows].to(qkv.dtype)[:, None, :]
+        s = sin[rows].to(qkv.dtype)[:, None, :]
         qk = rotate_half(qkv[:, :num_q_heads + nkv], c, s)
         k_cache[slots] = qk[:, num_q_heads:].to(k_cache.dtype)
         v_cache[slots] = qkv[:, num_q_heads + nkv:].to(v_cache.dtype)
@@ -152,11 +154,11 @@ def rotary_kv_write_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
     if t == 0:
         return q
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
-    positions, slots = positions.contiguous(), slots.contiguous()
+    slots = slots.contiguous()      # positions are read through their stride
     if cos.stride(-1) != 1 or sin.stride(-1) != 1 or cos.stride(0) != sin.stride(0):
         cos, sin = cos.contiguous(), sin.contiguous()
     _rotary_kv_write_kernel[(t,)](
-        qkv, positions, cos, sin, slots, q, k_cache, v_cache, num_q_heads, nkv,
+        qkv, positions, cos, sin, slots, q, k_cache, v_cache, num_q_heads, nkv, cos.shape[0],
         qkv.stride(0), qkv.stride(1), positions.stride(0), cos.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         HALF=dim // 2, BLOCK_HEADS=triton.next_power_of_2(heads))

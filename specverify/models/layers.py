@@ -148,7 +148,7 @@ class AttentionPlan:
     """What every attention layer of one forward shares, computed once per forward: the RoPE
     cos / sin of its positions, the slots its new tokens write, and the tree mask as the kernel
     reads it (int8). On the fused path the rotary kernel reads the tables itself at `positions`
-    (flattened, clamped to the table), and `rotary` is None."""
+    (flattened; it clamps them to the table), and `rotary` is None."""
     rotary: tuple[torch.Tensor, torch.Tensor] | None
     slots: torch.Tensor          # [bs * q] token slot of each new token (padding: the sink)
     tree_mask: torch.Tensor      # [bs, q, region + q] int8
@@ -162,8 +162,8 @@ def plan_attention(batch: Batch, req_to_token: torch.Tensor, rotary: RotaryTable
     # The kernels read the mask as int8: a bool mask is reinterpreted (same bytes), not copied.
     mask = batch.tree_mask.view(torch.int8) if batch.tree_mask.dtype == torch.bool else batch.tree_mask.to(torch.int8)
     if fused_path(req_to_token.device, dtype):
-        return AttentionPlan(None, slots, mask, batch.kv_index_list,
-                             positions=batch.positions.flatten().clamp(0, rotary.size - 1),
+        # The rotary kernel reads the tables at the positions clamped to them (no clamp kernel here).
+        return AttentionPlan(None, slots, mask, batch.kv_index_list, positions=batch.positions.flatten(),
                              tables=(rotary.cos, rotary.sin))
     return AttentionPlan(rotary.at(batch.positions, dtype), slots, mask, batch.kv_index_list)
 
