@@ -8,6 +8,7 @@ contracts of `add_rmsnorm`, `rotary_kv_write` and `silu_mul` (docs/semantics.md 
   returned, the rotated key heads and the unchanged value heads land in slot slots[t] of the caches
   (the later token wins a slot two tokens name; slots no token names keep their entries).
 - silu_mul: the row's first half is the gate g, the second the up projection u: y = g / (1 + e^-g) * u.
+- embed_concat: the draft head's input row of a token: its embedding row, then its feature.
 """
 
 from __future__ import annotations
@@ -78,3 +79,15 @@ def silu_mul(*, gate_up) -> np.ndarray:
                 sig = 1.0 / (1.0 + math.exp(-g)) if g > -700 else 0.0
                 out[m, i] = (g * sig if math.isfinite(g) else (g if g > 0 else float("nan"))) * u
     return out.reshape(*gu.shape[:-1], inter)
+
+
+def embed_concat(*, ids, table, features) -> np.ndarray:
+    """-> float64 array [bs, q, 2H]: for each token, its embedding row then its feature (a copy)."""
+    table = np.asarray(table, dtype=np.float64)
+    feats = np.asarray(features, dtype=np.float64)
+    bs, q = feats.shape[:2]
+    out = np.empty((bs, q, 2 * table.shape[1]))
+    for b in range(bs):
+        for j in range(q):
+            out[b, j] = np.concatenate([table[ids[b][j]], feats[b, j]])
+    return out

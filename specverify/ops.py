@@ -16,7 +16,7 @@ from specverify.kernels.argmax import row_argmax
 from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.chain_verify import ChainRows, chain_verify_rows_impl
 from specverify.kernels.dflash import dflash_verify_impl
-from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_impl, silu_mul_impl
+from specverify.kernels.fused_layers import add_rmsnorm_impl, embed_concat_impl, rotary_kv_write_impl, silu_mul_impl
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.kernels.draft_plan import DraftPlan, draft_plan_impl
 from specverify.kernels.draft_search import MAX_TRITON_TOPK as MAX_SEARCH_TOPK, BeamStep, expand_beams_impl
@@ -659,6 +659,36 @@ def rotary_kv_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Te
             ((slots < 0) | (slots >= k_cache.shape[0]), f"slots must be cache slots, in [0, {k_cache.shape[0]})"),
         ])
     return rotary_kv_write_impl(qkv, positions, cos, sin, k_cache, v_cache, slots, num_q_heads, impl)
+
+
+def embed_concat(*, ids: torch.Tensor, table: torch.Tensor, features: torch.Tensor, impl: str = "auto",
+                 checked: bool | None = None) -> torch.Tensor:
+    """The draft head's input rows (docs/semantics.md 6.12): [bs, q, 2H] = the embedding row of
+    each token, then its feature, in table's dtype; a copy.
+
+    ids [bs, q] int32 / int64: token ids, in [0, V); table [V, H] float (a layer dtype): the
+    embedding; features [bs, q, H] of table's dtype and device (any strides). checked: the value
+    check (ids inside the table); None runs it on CPU tensors only. Arguments are keyword-only.
+    """
+    _index_tensor("ids", ids, 2, "[bs, q]", None)
+    device = ids.device
+    pick_impl(impl, device)
+    _tensor("table", table, "[V, H] float")
+    if table.dim() != 2 or table.shape[0] < 1 or table.shape[1] < 1:
+        raise ValueError(f"table must be [V, H] with V, H >= 1, got shape {tuple(table.shape)}")
+    _layer_float("table", table)
+    _same_device("table", table, ids, "ids")
+    bs, q = ids.shape
+    _tensor("features", features, "[bs, q, H] float")
+    if features.shape != (bs, q, table.shape[1]):
+        raise ValueError(f"features must be [bs, q, H] = [{bs}, {q}, {table.shape[1]}] (one per id, the table's "
+                         f"width), got shape {tuple(features.shape)}")
+    if features.dtype != table.dtype:
+        raise ValueError(f"features must have table's dtype {table.dtype}, got {features.dtype}")
+    _same_device("features", features, ids, "ids")
+    if _value_checks(checked, device) and ids.numel():
+        _raise_first([((ids < 0) | (ids >= table.shape[0]), f"ids must be rows of the table, in [0, {table.shape[0]})")])
+    return embed_concat_impl(ids, table, features, impl)
 
 
 def silu_mul(gate_up: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:

@@ -47,4 +47,4 @@ def test_every_triton_kernel_compiles(policy):
     out = run.stdout + run.stderr
     summary = re.search(rf"target {target}: (\d+) kernel\(s\), (\d+) specialization\(s\), (\d+) failure", out)
     assert run.returncode == 0 and summary, f"compiling the kernels for {target} failed:\n{out[-6000:]}"
-    assert int(summary.group(1)) >= 21, f"fewer kernels compiled than the suite has:\n{out[-3000:]}"
+    assert int(summary.group(1)) >= 22, f"fewer kernels compiled than the suite has:\n{out[-3000:]}"

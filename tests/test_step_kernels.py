@@ -20,7 +20,7 @@ import torch
 from specverify import Engine, SpecConfig, ops
 from specverify.engine import eagle_cycle, naive_cycle, target_only
 from specverify.conformance.registry import REGISTRY, run_impl
-from specverify.kernels import chain_verify, draft_plan, emit, kv_commit
+from specverify.kernels import chain_verify, draft_plan, emit, fused_layers, kv_commit
 from specverify.platform import get_profile
 from tests.support.cases import cached_models, ragged_prompts
 from tests.support.steering import steered_models
@@ -151,7 +151,7 @@ def test_padded_lanes_leave_the_pad_row_alone():
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("record", ["emit_tokens_triton", "commit_accepted_kv_triton", "accepted_tokens_triton",
-                                    "draft_plan_triton", "chain_verify_rows_triton"])
+                                    "draft_plan_triton", "chain_verify_rows_triton", "embed_concat_triton"])
 def test_impl_triton_runs_the_kernel(record, monkeypatch):
     """A Triton record holds the kernel only if `impl="triton"` reaches it: a wrapper that drops
     the argument would run the torch path on the CPU and pass every sample. With the torch paths
@@ -159,7 +159,8 @@ def test_impl_triton_runs_the_kernel(record, monkeypatch):
     def torch_path(*args, **kwargs):
         raise AssertionError(f"{record}: impl='triton' ran the torch path")
     for module, name in ((emit, "_emit_torch"), (emit, "_accepted_torch"), (kv_commit, "_commit_kv_torch"),
-                         (draft_plan, "_draft_plan_torch"), (chain_verify, "_chain_verify_rows_torch")):
+                         (draft_plan, "_draft_plan_torch"), (chain_verify, "_chain_verify_rows_torch"),
+                         (fused_layers, "_embed_concat_torch")):
         monkeypatch.setattr(module, name, torch_path)
     op = REGISTRY[record]
     profile = get_profile("cuda" if ON_GPU else "cpu")

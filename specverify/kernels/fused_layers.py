@@ -13,6 +13,8 @@ All three compute in float32 and round once to the output dtype:
   output, the rotated keys and the values to slot slots[t] of the K / V caches. One program per
   token, all its heads in one tile.
 - `silu_mul`: gu [M, 2I] holds the gate projection then the up projection; y = silu(g) * u.
+- `embed_concat`: the draft head's input rows, [table[ids[t]] | features[t]] (a copy, no
+  arithmetic: the gather and the concatenate of the head's first matmul in one kernel).
 
 The torch paths compute what the unfused model computed (`specverify/models/layers.py` before the
 fusion), in the input dtype, so CPU results do not move.
@@ -192,3 +194,44 @@ def silu_mul_impl(gate_up: torch.Tensor, impl: str = "auto", block: int = SILU_B
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, out, inter, g2.stride(0), out.stride(0),
                                                                    BLOCK=block)
     return out.view(*gate_up.shape[:-1], inter)
+
+
+# -- the draft head's input: embedding row | feature -----------------------------------------------
+
+@triton.jit
+def _embed_concat_kernel(ids_ptr, table_ptr, feat_ptr, out_ptr, hidden, q,
+                         s_ib, s_iq, s_tab, s_fb, s_fq, s_fh, s_out,
+                         BLOCK_H: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)       # token t = b * q + j of the [bs, q] batch
+    b, j = t // q, t % q
+    h = tl.arange(0, BLOCK_H)
+    live = h < hidden
+    token = tl.load(ids_ptr + b * s_ib + j * s_iq).to(tl.int64)
+    row = tl.load(table_ptr + token * s_tab + h, mask=live)
+    feat = tl.load(feat_ptr + b * s_fb + j * s_fq + h * s_fh, mask=live)
+    tl.store(out_ptr + t * s_out + h, row, mask=live)
+    tl.store(out_ptr + t * s_out + hidden + h, feat, mask=live)
+
+
+def _embed_concat_torch(ids: torch.Tensor, table: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    return torch.cat([table[ids], features], dim=-1)
+
+
+def embed_concat_impl(ids: torch.Tensor, table: torch.Tensor, features: torch.Tensor,
+                      impl: str = "auto") -> torch.Tensor:
+    """[bs, q, 2H] = [table[ids] | features] in table's dtype, features [bs, q, H] of table's
+    dtype (the wrapper behind `ops.embed_concat`, inputs checked)."""
+    if not use_triton(impl, table):
+        return _embed_concat_torch(ids, table, features)
+    check_launchable(_embed_concat_kernel, table.device)
+    bs, q = ids.shape
+    hidden = table.shape[1]
+    out = torch.empty((bs, q, 2 * hidden), dtype=table.dtype, device=table.device)
+    if bs * q == 0:
+        return out
+    table = table if table.stride(1) == 1 else table.contiguous()
+    block = triton.next_power_of_2(hidden)
+    _embed_concat_kernel[(bs * q,)](
+        ids, table, features, out, hidden, q, ids.stride(0), ids.stride(1), table.stride(0), *features.stride(),
+        out.stride(1), BLOCK_H=block, num_warps=4 if block >= 1024 else 1)
+    return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from specverify.kernels.fused_layers import embed_concat_impl
 from specverify.models import layers
 from specverify.models.config import ModelConfig
 from specverify.models.target import ForwardOutput, ModelCache, deliver_logits
@@ -54,7 +55,8 @@ class DraftHead:
         """The head's layer up to its last residual add: (residual stream [bs, q, H], MLP output);
         the hidden state is their sum."""
         cfg, w = self.config, self.w
-        x = torch.cat([self.embed[batch.input_ids], features.to(self.embed.dtype)], dim=-1) @ w["fc"]
+        # [embedding | feature] of each token (one kernel on a GPU: `ops.embed_concat`), then fc.
+        x = embed_concat_impl(batch.input_ids, self.embed, features.to(self.embed.dtype)) @ w["fc"]
         n, _ = layers.add_rmsnorm(x, None, w["layer.attn_norm"], cfg.norm_eps)
         table = cache.table.req_to_token
         mixed = layers.attention(n, w, "layer", batch, cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer],

@@ -17,7 +17,7 @@ import torch
 import reference
 from specverify import dtypes, ops
 from specverify.conformance import strategies as S
-from specverify.conformance.registry.core import CLOSE, ErrorInput, OpSpec, SampleInput, only
+from specverify.conformance.registry.core import CLOSE, EXACT, ErrorInput, OpSpec, SampleInput, only
 from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_impl, silu_mul_impl
 
 TORCH_DTYPES = only("float32", "float64")
@@ -311,6 +311,91 @@ def _sm_errors(which: str):
     return errors
 
 
+# ---------------------------------------------------------------------------------------------
+# embed_concat: the draft head's input row [table[id] | feature] (a copy)
+
+def _ec_sample(name, seed, dtype, *, bs, q, vocab, hidden, kind="plain", ids=None) -> SampleInput:
+    """ids drawn in [0, vocab) (or given), the features of some samples one row broadcast over q
+    (stride 0, as a tree draft's parent feature) or every other column of a wider tensor."""
+    gen = torch.Generator().manual_seed(seed)
+    t = _torch_dtype(dtype)
+    table = S.normalish(gen, (vocab, hidden))
+    feats = S.normalish(gen, (bs, q, hidden))
+    if kind == "nan":
+        table, feats = _with_specials(gen, table, 0.1), _with_specials(gen, feats, 0.1)
+    table = _ulp_pairs(table, t) if kind == "ulp" else S.cast(table, t)
+    feats = _ulp_pairs(feats, t) if kind == "ulp" else S.cast(feats, t)
+    if kind == "broadcast-feature":
+        feats = feats[:, :1].expand(bs, q, hidden)
+    elif kind == "strided":
+        wide = torch.zeros((bs, q, 2 * hidden), dtype=t)
+        wide[..., ::2] = feats
+        feats = wide[..., ::2]
+    token = torch.randint(0, vocab, (bs, q), generator=gen) if ids is None else torch.tensor(ids, dtype=torch.int64)
+    return SampleInput(name, {"ids": token, "table": table, "features": feats}, seed)
+
+
+def _ec_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        return {"out": ops.embed_concat(**s.args, impl=which)}
+    return impl
+
+
+def _ec_ref(s: SampleInput) -> dict:
+    a = s.args
+    return {"out": torch.from_numpy(reference.embed_concat(ids=a["ids"].tolist(), table=a["table"].double().numpy(),
+                                                          features=a["features"].double().numpy()))}
+
+
+def _ec_samples(dtype: str, seed: int):
+    yield _ec_sample("empty-batch", seed, dtype, bs=0, q=3, vocab=5, hidden=8)
+    yield _ec_sample("random-ids", seed + 1, dtype, bs=3, q=4, vocab=11, hidden=24)
+    yield _ec_sample("boundary-first-and-last-row", seed + 2, dtype, bs=2, q=3, vocab=7, hidden=8,
+                     ids=((0, 6, 0), (6, 6, 0)))
+    yield _ec_sample("boundary-hidden-not-pow2", seed + 3, dtype, bs=2, q=2, vocab=5, hidden=37)
+    yield _ec_sample("boundary-hidden-one-past-pow2", seed + 8, dtype, bs=1, q=2, vocab=3, hidden=17)
+    yield _ec_sample("nan-inf-signed-zero", seed + 4, dtype, bs=2, q=3, vocab=6, hidden=16, kind="nan")
+    yield _ec_sample("ulp-adjacent-entries", seed + 5, dtype, bs=2, q=2, vocab=4, hidden=16, kind="ulp")
+    yield _ec_sample("broadcast-feature", seed + 6, dtype, bs=3, q=4, vocab=9, hidden=16, kind="broadcast-feature")
+    yield _ec_sample("strided-feature", seed + 7, dtype, bs=2, q=3, vocab=9, hidden=12, kind="strided")
+
+
+def _ec_recipe(dtype: str):
+    from hypothesis import strategies as st
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 4), st.integers(1, 5), st.integers(1, 9), st.integers(1, 40),
+                     st.sampled_from(("plain", "nan", "ulp", "broadcast-feature", "strided"))).map(
+        lambda t: _ec_sample(f"hyp-{t[5]}", t[0], dtype, bs=t[1], q=t[2], vocab=t[3], hidden=t[4], kind=t[5]))
+
+
+def _ec_errors(which: str):
+    def errors():
+        base = _ec_sample("base", 0, "float32", bs=2, q=3, vocab=5, hidden=8).args
+        ids, table, feats = base["ids"], base["table"], base["features"]
+
+        def call(**changes):
+            return lambda: ops.embed_concat(**{**base, "impl": which, **changes})
+        yield ErrorInput("ids-1d", call(ids=ids[0]), ValueError, r"ids must be 2-D \[bs, q\]", "ids")
+        yield ErrorInput("ids-float", call(ids=ids.float()), ValueError, "ids must be int32 or int64", "ids")
+        yield ErrorInput("ids-list", call(ids=ids.tolist()), TypeError, "ids must be a torch.Tensor", "ids")
+        yield ErrorInput("table-1d", call(table=table[0]), ValueError, r"table must be \[V, H\]", "table")
+        yield ErrorInput("table-int", call(table=table.long()), ValueError, "table dtype torch.int64 is not a layer dtype",
+                         "table")
+        yield ErrorInput("features-other-width", call(features=feats[..., :7]), ValueError,
+                         r"features must be \[bs, q, H\] = \[2, 3, 8\]", "features")
+        yield ErrorInput("features-other-lanes", call(features=feats[:1]), ValueError,
+                         r"features must be \[bs, q, H\] = \[2, 3, 8\]", "features")
+        yield ErrorInput("features-other-dtype", call(features=feats.double()), ValueError,
+                         "features must have table's dtype", "features")
+        yield ErrorInput("id-past-the-table", call(ids=torch.tensor([[0, 5, 1], [1, 1, 1]])), ValueError,
+                         r"ids must be rows of the table, in \[0, 5\)", "ids")
+        yield ErrorInput("id-negative", call(ids=torch.tensor([[0, -1, 1], [1, 1, 1]])), ValueError,
+                         r"ids must be rows of the table, in \[0, 5\)", "ids")
+        yield ErrorInput("checked-not-bool", call(checked="yes"), TypeError, "checked must be True, False or None",
+                         "checked")
+        yield ErrorInput("bad-impl", call(impl="cuda"), ValueError, "impl must be one of", "impl")
+    return errors
+
+
 RECORDS = (
     OpSpec("add_rmsnorm", _arn_impl("torch"), _arn_ref, _arn_samples(False), _arn_recipe, _arn_errors("torch"),
            TORCH_DTYPES, {"normed": CLOSE, "sum": CLOSE}, tolerance_dtype=LAYER_TOLERANCE, platform_dependent=False,
@@ -328,4 +413,8 @@ RECORDS = (
            TORCH_DTYPES, {"out": CLOSE}, tolerance_dtype=LAYER_TOLERANCE, platform_dependent=False, max_examples=10),
     OpSpec("silu_mul_triton", _sm_impl("triton"), _sm_ref, _sm_samples(True), _sm_recipe, _sm_errors("triton"),
            TRITON_DTYPES, {"out": CLOSE}, tolerance_dtype=LAYER_TOLERANCE, platform_dependent=False, max_examples=3),
+    OpSpec("embed_concat", _ec_impl("torch"), _ec_ref, _ec_samples, _ec_recipe, _ec_errors("torch"), TORCH_DTYPES,
+           {"out": EXACT}, platform_dependent=False, max_examples=10),
+    OpSpec("embed_concat_triton", _ec_impl("triton"), _ec_ref, _ec_samples, _ec_recipe, _ec_errors("triton"),
+           TRITON_DTYPES, {"out": EXACT}, platform_dependent=False, max_examples=3),
 )
