@@ -207,8 +207,8 @@ def _embed_concat_kernel(ids_ptr, table_ptr, feat_ptr, out_ptr, hidden, q,
     h = tl.arange(0, BLOCK_H)
     live = h < hidden
     token = tl.load(ids_ptr + b * s_ib + j * s_iq).to(tl.int64)
-    row = tl.load(table_ptr + token * s_tab + h, mask=live)
-    feat = tl.load(feat_ptr + b * s_fb + j * s_fq + h * s_fh, mask=live)
+    row = tl.load(table_ptr + token * s_tab + h, mask=live, other=0.0)
+    feat = tl.load(feat_ptr + b * s_fb + j * s_fq + h * s_fh, mask=live, other=0.0)
     tl.store(out_ptr + t * s_out + h, row, mask=live)
     tl.store(out_ptr + t * s_out + hidden + h, feat, mask=live)
 
