@@ -14,10 +14,15 @@ padded lanes on one finished pad row, the lanes the kernels must leave alone.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from specverify import Engine, SpecConfig, ops
+from specverify.engine.requests import new_requests
+from specverify.engine.sampling import SamplingParams
+from specverify.engine.speculative import SpecDecoder
 from specverify.engine import eagle_cycle, naive_cycle, target_only
 from specverify.conformance.registry import REGISTRY, run_impl
 from specverify.kernels import chain_verify, draft_plan, emit, fused_layers, kv_commit
@@ -50,14 +55,18 @@ def _on_device(fn, tensors: dict):
     for k, v in tensors.items():
         if isinstance(v, torch.Tensor):
             v.copy_(moved[k].cpu())
-    return tuple(t.cpu() for t in out) if isinstance(out, tuple) else out.cpu()
+    if not isinstance(out, tuple):
+        return out.cpu()
+    back = [t.cpu() for t in out]
+    return type(out)(*back) if hasattr(out, "_fields") else tuple(back)     # a named tuple keeps its type
 
 
 @pytest.fixture
 def step_kernels(monkeypatch):
-    """Every emit, every accepted-token list and every K/V commit of the decoders through the
-    Triton kernels, checked."""
-    calls = {"emit": 0, "commit": 0, "accepted": 0}
+    """Every emit, every accepted-token list, every K/V commit, every draft plan and every chain
+    verify's rows of the decoders through the Triton kernels, checked."""
+    calls = {"emit": 0, "commit": 0, "accepted": 0, "plan": 0, "chain": 0}
+    plan_op, chain_op = ops.draft_plan, ops.chain_verify_rows
 
     def emit_tokens(*, checked=None, impl="auto", **tensors):
         calls["emit"] += 1
@@ -71,10 +80,21 @@ def step_kernels(monkeypatch):
     def accepted_tokens(*, checked=None, impl="auto", **tensors):
         calls["accepted"] += 1
         return _on_device(lambda **t: ops.accepted_tokens(**t, impl="triton", checked=True), tensors)
+    def draft_plan(*, checked=None, impl="auto", width, num_steps, **tensors):
+        calls["plan"] += 1
+        return _on_device(lambda **t: plan_op(**t, width=width, num_steps=num_steps, impl="triton", checked=True),
+                          tensors)
+
+    def chain_verify_rows(*, checked=None, impl="auto", **tensors):
+        calls["chain"] += 1
+        return _on_device(lambda **t: chain_op(**t, impl="triton", checked=True), tensors)
     for module in (eagle_cycle, naive_cycle, target_only):
         monkeypatch.setattr(module, "emit_tokens", emit_tokens)
     monkeypatch.setattr(eagle_cycle, "commit_accepted_kv", commit_accepted_kv)
     monkeypatch.setattr(eagle_cycle, "accepted_tokens", accepted_tokens)
+    monkeypatch.setattr(eagle_cycle, "draft_plan", draft_plan)
+    monkeypatch.setattr(eagle_cycle, "chain_verify_rows", chain_verify_rows)
+    monkeypatch.setattr(ops, "draft_plan", draft_plan)           # MTP's and DFlash's drafts read it from ops
     return calls
 
 
@@ -111,6 +131,9 @@ def test_decoders_through_the_step_kernels_equal_the_reference(step_kernels, alg
     if spec is not None and spec.algorithm != "naive_eagle":
         assert step_kernels["commit"], "no cycle went through the K/V commit kernel"
         assert step_kernels["accepted"], "no cycle went through the accepted-tokens kernel"
+        assert step_kernels["plan"], "no draft phase went through the draft-plan kernel"
+        if spec.topk == 1:
+            assert step_kernels["chain"], "no chain cycle went through the chain-verify-rows kernel"
     assert got == want, f"{algorithm}: tokens through the step kernels differ from the reference"
     assert want[3][-1] == eos and len(want[3]) < BUDGETS[3], "the case lost its EOS cut"
     assert any(len(t) == n for t, n in zip(want, BUDGETS) if eos not in t), "no budget cut met"
@@ -169,3 +192,81 @@ def test_impl_triton_runs_the_kernel(record, monkeypatch):
     assert samples, f"{record} has no non-empty sample"
     for sample in samples[:3]:
         run_impl(op, sample, profile)
+
+
+class LaneRecorder:
+    """A model (the target, a draft head, an MTP head) that records, for every forward, each
+    lane's live query count and whether the lane's row was finished when the forward ran."""
+
+    def __init__(self, inner, name: str, log: list, finished):
+        self.inner, self.name, self.log, self.finished = inner, name, log, finished
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+    def _record(self, batch) -> None:
+        done = self.finished()
+        self.log.append((self.name, batch.rows.tolist(), batch.q_lens.tolist(), done[batch.rows].tolist()))
+
+    def forward(self, cache, batch, *args, **kwargs):
+        self._record(batch)
+        return self.inner.forward(cache, batch, *args, **kwargs)
+
+    def hidden_states(self, cache, batch, features):
+        self._record(batch)
+        return self.inner.hidden_states(cache, batch, features)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree", "mtp", "dflash"])
+def test_finished_lanes_run_nothing_and_live_lanes_extend_what_they_emitted(algorithm):
+    """6.18 / 6.19 on the decoder: in every forward of the prefill and of each cycle (the verify,
+    the draft-extend, the draft steps, MTP's heads, DFlash's block) a lane whose row is finished
+    when the forward runs (the pad row of a padded bucket, a request that stopped earlier or in
+    this very cycle) runs no token and a live lane runs at least one; a cycle's draft-extend runs
+    exactly the tokens each request still running took from it (no padding column). A finished
+    lane that still wrote would only touch the sink or a stopping request's own slots, which no
+    output reads: only this test sees it."""
+    budgets = [1, 9, 5, 12]                     # request 0 stops at its prefill's token
+    spec, models, prompts, _ = _case(algorithm, 17, budgets)
+    log: list = []
+    state = {}
+
+    def finished():
+        return state["dec"].state.requests.finished
+
+    def wrap(model, name):
+        return LaneRecorder(model, name, log, finished)
+    models = dataclasses.replace(
+        models, target=wrap(models.target, "target"), draft=wrap(models.draft, "draft"),
+        mtp=[wrap(h, f"mtp{j}") for j, h in enumerate(models.mtp)],
+        dflash=wrap(models.dflash, "dflash") if models.dflash is not None else None)
+    reqs = new_requests(prompts, budgets)
+    state["dec"] = dec = SpecDecoder(models, spec, SamplingParams(), seed=0, eos_token_id=None, pad_batches=True)
+
+    def check(when, entries):
+        for name, rows, q_lens, done in entries:
+            for row, q, stopped in zip(rows, q_lens, done):
+                assert (q == 0) == stopped, (f"{algorithm}, {when}, {name} forward: a lane on row {row} ran {q} "
+                                             f"tokens with its row {'finished' if stopped else 'live'}")
+    dec.start(reqs)
+    assert reqs[0].finished and any(stopped for *_, done in log for stopped in done), "no lane stopped at its prefill"
+    # The prefill's target forward writes the rows' state (a row is finished until its prefill): its
+    # draft-extend runs after, on the state it wrote.
+    check("prefill", [entry for entry in log if entry[0] != "target"])
+    cycles = extends = 0
+    while dec.running():
+        log.clear()
+        running = dec.running()
+        dec.step()
+        cycles += 1
+        check(f"cycle {cycles}", log)
+        first_draft = next(entry for entry in log if entry[0] != "target")      # the draft-extend
+        for row, q in zip(first_draft[1], first_draft[2]):
+            req = next((r for r in running if r.row == row), None)
+            if req is not None and not req.finished:
+                extends += 1
+                assert q == req.accept_lengths[-1], (f"{algorithm}: the draft-extend ran {q} tokens for request "
+                                                     f"{req.index}, which took {req.accept_lengths[-1]}")
+    assert cycles > 3 and extends > 3, "the run was too short to say anything"
+    assert all(r.finished for r in reqs)

@@ -73,8 +73,8 @@ def draft_plan_impl(q_lens: torch.Tensor, kv_lens: torch.Tensor, finished: torch
                      torch.empty(bs, **i64), torch.empty((bs, num_steps), **i64), torch.empty(bs, **i64))
     if bs == 0:
         return plan
+    block_q = max(triton.next_power_of_2(width), 2)          # a prefill's extend is as wide as its prompt
     _draft_plan_kernel[(bs,)](
         q_lens, kv_lens, finished, *plan, width, num_steps, q_lens.stride(0), kv_lens.stride(0), finished.stride(0),
-        BLOCK_Q=max(triton.next_power_of_2(width), 2), BLOCK_S=max(triton.next_power_of_2(num_steps), 2),
-        num_warps=1)
+        BLOCK_Q=block_q, BLOCK_S=max(triton.next_power_of_2(num_steps), 2), num_warps=1 if block_q <= 256 else 4)
     return plan

@@ -66,6 +66,14 @@ def _column(v: torch.Tensor) -> torch.Tensor:
     return out[:, 1]
 
 
+def _strided(v: torch.Tensor, stride: int) -> torch.Tensor:
+    """v [n] as column 0 of a fresh [n, stride] tensor (stride `stride`): strided inputs of one
+    sample each get their own stride, so a kernel reading one through another's stride is seen."""
+    out = torch.zeros((v.shape[0], stride), dtype=v.dtype)
+    out[:, 0] = v
+    return out[:, 0]
+
+
 def _columns(m: torch.Tensor) -> torch.Tensor:
     """m [bs, W] as every other column of a fresh [bs, 2W] tensor (strides (2W, 2))."""
     out = torch.zeros((m.shape[0], 2 * m.shape[1]), dtype=m.dtype)
@@ -321,13 +329,14 @@ PLAN_FIELDS = ("q_lens", "positions", "last", "root", "ahead", "live")
 def _plan_sample(name, seed, *, bs, width, num_steps, q_lens=None, kv_lens=None, finished=None,
                  strided=False) -> SampleInput:
     """q_lens drawn in [0, width], kv_lens in [0, 2**20), finished with probability 1/3, unless
-    given per lane. strided: every input a column of a wider tensor (the op reads through strides)."""
+    given per lane. strided: every input a column of a wider tensor, each with its own stride (the
+    op reads through strides)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randint(0, width + 1, (bs,), generator=gen) if q_lens is None else torch.tensor(q_lens, dtype=torch.int64)
     kv = torch.randint(0, 2**20, (bs,), generator=gen) if kv_lens is None else torch.tensor(kv_lens, dtype=torch.int64)
     done = (torch.randint(0, 3, (bs,), generator=gen) == 0) if finished is None else torch.tensor(finished, dtype=torch.bool)
     if strided:
-        q, kv, done = _column(q), _column(kv), _column(done)
+        q, kv, done = _strided(q, 3), _strided(kv, 2), _strided(done, 5)
     args = {"q_lens": q, "kv_lens": kv, "finished": done, "width": width, "num_steps": num_steps}
     return SampleInput(f"{name}-bs{bs}-q{width}-S{num_steps}", args, seed)
 
@@ -411,11 +420,12 @@ CHAIN_FIELDS = ("tokens", "positions", "seq_lens", "req_ids", "live", "q_lens")
 
 
 def _chain_sample(name, seed, *, bs, rows_total, steps, finished=None, pad_row=None, dead=(), seq_lens=None,
-                  rows_dtype=torch.int64, strided=False, vocab=32000) -> SampleInput:
+                  rows_dtype=torch.int64, strided=False, vocab=32000, req_ids=None) -> SampleInput:
     """Lanes on a permutation of bs of rows_total state rows (or, with pad_row, the lanes of
     `dead` all on that one finished row, as a graph's padded lanes are); every row a chain of
-    `steps` drafts below vocab; finished: per row (None: drawn, 1 in 3). strided: the state vectors
-    columns of [R, 3] tensors and drafts every other column of a wider one."""
+    `steps` drafts below vocab; finished: per row (None: drawn, 1 in 3); req_ids: per row (None:
+    drawn below 2**16). strided: rows and every state vector a column of a wider tensor, each with
+    its own stride, and drafts every other column of a wider one."""
     gen = torch.Generator().manual_seed(seed)
     rows = torch.randperm(rows_total, generator=gen)[:bs]
     if pad_row is not None:
@@ -423,16 +433,18 @@ def _chain_sample(name, seed, *, bs, rows_total, steps, finished=None, pad_row=N
     seq_len = (torch.randint(0, 2**20, (rows_total,), generator=gen) if seq_lens is None
                else torch.tensor(seq_lens, dtype=torch.int64))
     pending = torch.randint(0, vocab, (rows_total,), generator=gen)
-    req_id = torch.randint(0, 2**16, (rows_total,), generator=gen)
+    req_id = (torch.randint(0, 2**16, (rows_total,), generator=gen) if req_ids is None
+              else torch.tensor(req_ids, dtype=torch.int64))
     done = ((torch.randint(0, 3, (rows_total,), generator=gen) == 0) if finished is None
             else torch.tensor(finished, dtype=torch.bool))
     if pad_row is not None:
         done[pad_row] = True
     drafts = torch.randint(0, vocab, (rows_total, steps), generator=gen)
+    rows = rows.to(rows_dtype)
     if strided:
-        seq_len, pending, req_id, done = _column(seq_len), _column(pending), _column(req_id), _column(done)
-        drafts = _columns(drafts)
-    args = {"rows": rows.to(rows_dtype), "seq_len": seq_len, "pending": pending, "finished": done, "req_id": req_id,
+        rows, seq_len, pending = _strided(rows, 4), _strided(seq_len, 3), _strided(pending, 2)
+        req_id, done, drafts = _strided(req_id, 5), _strided(done, 6), _columns(drafts)
+    args = {"rows": rows, "seq_len": seq_len, "pending": pending, "finished": done, "req_id": req_id,
             "drafts": drafts}
     return SampleInput(f"{name}-bs{bs}-R{rows_total}-S{steps}", args, seed)
 
@@ -450,6 +462,8 @@ def _chain_samples(dtype: str, seed: int):
     yield _chain_sample("strided-state", seed + 7, bs=5, rows_total=8, steps=5, strided=True)
     yield _chain_sample("boundary-vocab-edge", seed + 8, bs=3, rows_total=3, steps=2, vocab=2)
     yield _chain_sample("long-chain", seed + 9, bs=2, rows_total=3, steps=15)
+    yield _chain_sample("boundary-request-ids-past-int32", seed + 10, bs=3, rows_total=3, steps=2,
+                        req_ids=(2**31 + 7, 2**40, 2**31 - 1))
 
 
 def _chain_recipe(dtype: str):
