@@ -1,8 +1,7 @@
 """Public speculative-decoding ops (docs/semantics.md section 6).
 
 Each op here has a reference twin in `reference/` (spec.py, attention.py, naive_eagle_kv.py, dflash.py,
-state_scatter.py, layers.py); the op registry
-in tests pairs them.
+state_scatter.py, layers.py, emit.py); the op registry (`specverify/conformance/registry/`) pairs them.
 """
 
 from __future__ import annotations
