@@ -222,3 +222,26 @@ def step_timing(args) -> str:
     """The "Timing" setting of the decode benchmarks (driven by `bench_device_cycle.drive`)."""
     return (f"per `step()`, CUDA events (host clock on the CPU); after the captures, {args.warmup} untimed "
             f"warm-up step(s) and {args.sync_steps} sync-counting step(s), every remaining step timed")
+
+
+def graph_ms(fn, reps: int = 20) -> float:
+    """ms of one call of fn, replayed from a CUDA graph of `reps` calls (launch gaps included, as
+    in a captured decode step)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (5 * reps)

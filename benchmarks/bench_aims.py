@@ -27,7 +27,7 @@ import argparse
 import sys
 import time
 
-from _common import header, out_dir, peak_bandwidth, step_timing, table, write_results  # repo root on sys.path
+from _common import graph_ms, header, out_dir, peak_bandwidth, step_timing, table, write_results  # repo root on sys.path
 
 import torch  # noqa: E402
 
@@ -53,29 +53,6 @@ def weight_bytes(cfg) -> int:
     return 2 * (cfg.num_layers * per_layer + cfg.vocab_size * h + h)
 
 
-def _graph_ms(fn, reps: int = 20) -> float:
-    """ms of one call of fn, replayed from a CUDA graph of `reps` calls (launch gaps included, as
-    in a captured decode step)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (5 * reps)
-
-
 def floors(models) -> dict:
     """What a bs-1 step of this target cannot go below on this device, measured: the forward's
     matmuls alone (the same weights, M = 1, one graph: cuBLAS's GEMV speed), and a plain copy of
@@ -96,7 +73,7 @@ def floors(models) -> dict:
     nbytes = sum(m.numel() * m.element_size() for m in mats)
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    out = {"gemm_ms": _graph_ms(gemms, reps=4), "copy_ms": _graph_ms(lambda: dst.copy_(src), reps=4),
+    out = {"gemm_ms": graph_ms(gemms, reps=4), "copy_ms": graph_ms(lambda: dst.copy_(src), reps=4),
            "bytes": nbytes, "launches": len(mats)}
     del src, dst
     return out
@@ -133,7 +110,7 @@ def forward_floors(models, spec: SpecConfig) -> dict:
         head.forward(cache, extend, feats[0])
         for _ in range(s - 1):
             head.forward(cache, step, feats[1])
-    return {"target_ms": _graph_ms(target_forward, reps=4), "cycle_ms": _graph_ms(cycle_forwards, reps=4)}
+    return {"target_ms": graph_ms(target_forward, reps=4), "cycle_ms": graph_ms(cycle_forwards, reps=4)}
 
 
 def measure(preset: str, specs: dict, plan: dict, args) -> dict:

@@ -94,7 +94,6 @@ def step_kernels(monkeypatch):
     monkeypatch.setattr(eagle_cycle, "accepted_tokens", accepted_tokens)
     monkeypatch.setattr(eagle_cycle, "draft_plan", draft_plan)
     monkeypatch.setattr(eagle_cycle, "chain_verify_rows", chain_verify_rows)
-    monkeypatch.setattr(ops, "draft_plan", draft_plan)           # MTP's and DFlash's drafts read it from ops
     return calls
 
 

@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
+
+from _common import graph_ms  # noqa: E402
 
 from specverify.kernels.attention import paged_attention_impl  # noqa: E402
 
@@ -30,24 +33,6 @@ def case(bs, nq, ctx, nkv, hd, group=2):
     return args
 
 
-def timed_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(5):
-        graph.replay()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / 5 / CALLS * 1e3
-
-
 def main() -> None:
     for bs, nq, ctx, nkv, hd in ((1, 1, 64, 4, 64), (1, 4, 64, 4, 64), (8, 4, 64, 4, 64), (1, 1, 512, 4, 64),
                                  (1, 1, 64, 8, 128), (1, 4, 64, 8, 128)):
@@ -57,7 +42,7 @@ def main() -> None:
         for bn, nw, ns in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3)):
             fn = lambda: paged_attention_impl(*args, block_n=bn, num_warps=nw, num_stages=ns)  # noqa: E731
             err = (fn() - ref).abs().max().item()
-            rows.append((timed_us(fn), bn, nw, ns, err))
+            rows.append((graph_ms(fn, CALLS) * 1e3, bn, nw, ns, err))
         rows.sort()
         default = next(r for r in rows if r[1:4] == (64, 4, 3))
         print(f"bs {bs} q {nq} ctx {ctx} kv heads {nkv} x {hd}: default {default[0]:.2f} us; best: "

@@ -41,25 +41,26 @@ def decoder(models, spec: SpecConfig | None):
                        eos_token_id=None, pad_batches=True)
 
 
-def timed_ms(fn) -> float:
+def timed_ms(fn, reps: int = STEPS) -> float:
+    """Mean wall ms of `reps` calls of fn, back to back, between two syncs."""
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for _ in range(STEPS):
+    for _ in range(reps):
         fn()
     torch.cuda.synchronize()
-    return (time.perf_counter() - start) / STEPS * 1e3
+    return (time.perf_counter() - start) / reps * 1e3
 
 
-def launch_host_ms(graph) -> float:
+def launch_host_ms(graph, reps: int = STEPS) -> float:
     """Host time of one `replay()` call (the graph launch), the device idle before it."""
     total = 0.0
-    for _ in range(STEPS):
+    for _ in range(reps):
         torch.cuda.synchronize()
         start = time.perf_counter()
         graph.replay()
         total += time.perf_counter() - start
     torch.cuda.synchronize()
-    return total / STEPS * 1e3
+    return total / reps * 1e3
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 
 from specverify import ops
-from specverify.engine.device_state import draft_extend_batch
 from specverify.engine.eagle_cycle import EagleCycle
 from specverify.models import Batch
 from specverify.models.layers import chain_offsets, lone_query_mask
@@ -38,9 +37,7 @@ class MtpCycle(EagleCycle):
         heads = self.models.mtp
         bs = tokens.shape[0]
         ar = chain_offsets(bs, tokens.device)
-        plan = ops.draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1],
-                              num_steps=self.S, checked=self.checked)
-        batch = draft_extend_batch(rows, tokens, kv_lens, plan, req_ids)
+        plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
         root = heads[0].forward(self.cache, batch, feats)                 # head 0 drafts d_1 from the root's row
         for j in range(1, self.S):
             heads[j].hidden_states(self.cache, batch, feats)              # the other heads' context: K/V only
@@ -72,9 +69,8 @@ class DFlashCycle(EagleCycle):
         head, s = self.models.dflash, self.S
         bs = tokens.shape[0]
         ar = chain_offsets(bs, tokens.device)
-        plan = ops.draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1], num_steps=s,
-                              checked=self.checked)
-        context = head.hidden_states(self.cache, draft_extend_batch(rows, tokens, kv_lens, plan, req_ids), feats)
+        plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
+        context = head.hidden_states(self.cache, batch, feats)
         root_hidden = context[ar, plan.last]                                                # [bs, H] g
         mask_ids = torch.full((bs, s), self.models.config.vocab_size, dtype=torch.int64, device=tokens.device)
         bidirectional = torch.ones((bs, s, s), dtype=torch.bool, device=tokens.device)

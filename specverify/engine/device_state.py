@@ -18,7 +18,6 @@ import dataclasses
 import torch
 
 from specverify.engine.penalties import PenaltyState
-from specverify.kernels.draft_plan import DraftPlan
 from specverify.models import Batch, chain_mask
 from specverify.models.layers import chain_offsets
 
@@ -59,21 +58,14 @@ def graphs_allowed(models, wanted: bool, profile, pad_batches: bool) -> bool:
 
 
 def extend_batch(rows: torch.Tensor, kv_lens: torch.Tensor, tokens: torch.Tensor, q_lens: torch.Tensor,
-                 req_ids: torch.Tensor) -> Batch:
-    """A chain of q_lens[b] new tokens per lane appended after kv_lens[b] cached ones."""
+                 req_ids: torch.Tensor, positions: torch.Tensor | None = None) -> Batch:
+    """A chain of q_lens[b] new tokens per lane appended after kv_lens[b] cached ones, token j at
+    position kv_lens[b] + j unless `positions` [bs, q] says otherwise (a draft-extend's, 6.18)."""
     bs, q = tokens.shape
     mask, parents = chain_mask(bs, q, tokens.device)
-    positions = kv_lens[:, None] + chain_offsets(q, tokens.device)[None, :]
+    if positions is None:
+        positions = kv_lens[:, None] + chain_offsets(q, tokens.device)[None, :]
     return Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, req_ids=req_ids)
-
-
-def draft_extend_batch(rows: torch.Tensor, tokens: torch.Tensor, kv_lens: torch.Tensor, plan: DraftPlan,
-                       req_ids: torch.Tensor) -> Batch:
-    """The draft-extend's chain (docs/semantics.md 6.18): token j of lane b at draft index
-    kv_lens[b] + j, position plan.positions[b, j]; plan.q_lens[b] of them live."""
-    bs, q = tokens.shape
-    mask, parents = chain_mask(bs, q, tokens.device)
-    return Batch(tokens, plan.positions, rows, kv_lens, plan.q_lens, mask, parents, req_ids=req_ids)
 
 
 class Readback:

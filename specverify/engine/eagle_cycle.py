@@ -22,12 +22,13 @@ import dataclasses
 
 import torch
 
-from specverify.engine.device_state import RequestState, draft_extend_batch
+from specverify.engine.device_state import RequestState, extend_batch
 from specverify.engine.penalties import PenaltyState, penalize, tree_counts
 from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z, sampling_probs
 from specverify.engine.spec_config import SpecConfig
 from specverify.engine.state_commit import commit_recurrent_states, tracking_step
 from specverify.engine.uniforms import counter_uniforms
+from specverify.kernels.draft_plan import DraftPlan
 from specverify.kernels.tree import build_tree, chain_tree_of
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models
@@ -81,10 +82,8 @@ class EagleCycle:
         head, k, st = self.models.draft, self.k, self.state
         bs = tokens.shape[0]
         ar = chain_offsets(bs, tokens.device)                               # 0..bs-1, kept
-        # x_t sits at draft index t-1, position t; the root (the last live token) at plan.root.
-        plan = draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1],
-                          num_steps=self.S, checked=self.checked)
-        out = head.forward(self.cache, draft_extend_batch(rows, tokens, kv_lens, plan, req_ids), feats)
+        plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
+        out = head.forward(self.cache, batch, feats)
         if k == 1:
             self._draft_chain(rows, out, ar, plan, req_ids)
             return
@@ -105,6 +104,14 @@ class EagleCycle:
         st.kept_flat[rows] = kept_flat
         st.kept_tokens[rows] = kept_tokens
         st.beam_flat[rows] = beam_flat
+
+    def _extend(self, rows, tokens, q_lens, kv_lens, req_ids, finished) -> tuple[DraftPlan, Batch]:
+        """The draft phase's plan (6.18) and its draft-extend: x_t at draft index t - 1, position t,
+        the root (the last live token) at plan.root; finished lanes run no token. Every draft of
+        the family (EAGLE, MTP, DFlash; the cycle's and the prefill's) starts here."""
+        plan = draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1],
+                          num_steps=self.S, checked=self.checked)
+        return plan, extend_batch(rows, kv_lens, tokens, plan.q_lens, req_ids, positions=plan.positions)
 
     def _draft_chain(self, rows, out, ar, plan, req_ids) -> None:
         """The search with topk 1: a chain. Each step's one beam is the argmax child of the last
@@ -152,7 +159,7 @@ class EagleCycle:
         head, taken, finished = emit_tokens(produced=produced, count=count, rows=rows, seq_len=rs.seq_len,
                                             pending=rs.pending, emitted=rs.emitted, budget=rs.budget,
                                             finished=rs.finished, eos_token_id=self.eos, checked=self.checked)
-        # The state rows hold the cycle's results now: what follows reads n, live and roots, taken before.
+        # The state rows hold the cycle's results now: what follows reads n and live, taken before.
         self._commit(rows, n, accept, num_correct, live, out, taken)
         if rs.penalty is not None:
             rs.penalty.record(rows, produced, taken)

@@ -527,27 +527,20 @@ CHAIN_COMPARE = {k: EXACT for k in CHAIN_FIELDS}
 
 ACCEPTED_COMPARE = {"produced": EXACT, "count": EXACT}
 
+def _twins(name, impl, ref, samples, recipe, errors, compare) -> tuple[OpSpec, OpSpec]:
+    """An op's torch record and its `_triton` twin (the same samples, reference and errors; the
+    Triton one interpreted on a CPU, so fewer hypothesis examples)."""
+    return tuple(OpSpec(name + suffix, impl(which), ref, samples, recipe, lambda which=which: errors(which),
+                        only("float32"), compare, platform_dependent=False, max_examples=examples,
+                        edge_exempt=EMIT_EDGE_EXEMPT)
+                 for suffix, which, examples in (("", "torch", 15), ("_triton", "triton", 5)))
+
+
 RECORDS = (
-    OpSpec("emit_tokens", _emit_impl("torch"), _emit_ref, _emit_samples, _emit_recipe, lambda: _emit_errors("torch"),
-           only("float32"), EMIT_COMPARE, platform_dependent=False, max_examples=15, edge_exempt=EMIT_EDGE_EXEMPT),
-    OpSpec("emit_tokens_triton", _emit_impl("triton"), _emit_ref, _emit_samples, _emit_recipe,
-           lambda: _emit_errors("triton"), only("float32"), EMIT_COMPARE, platform_dependent=False, max_examples=5,
-           edge_exempt=EMIT_EDGE_EXEMPT),
-    OpSpec("accepted_tokens", _accepted_impl("torch"), _accepted_ref, _accepted_samples, _accepted_recipe,
-           lambda: _accepted_errors("torch"), only("float32"), ACCEPTED_COMPARE, platform_dependent=False,
-           max_examples=15, edge_exempt=EMIT_EDGE_EXEMPT),
-    OpSpec("accepted_tokens_triton", _accepted_impl("triton"), _accepted_ref, _accepted_samples, _accepted_recipe,
-           lambda: _accepted_errors("triton"), only("float32"), ACCEPTED_COMPARE, platform_dependent=False,
-           max_examples=5, edge_exempt=EMIT_EDGE_EXEMPT),
-    OpSpec("draft_plan", _plan_impl("torch"), _plan_ref, _plan_samples, _plan_recipe, lambda: _plan_errors("torch"),
-           only("float32"), PLAN_COMPARE, platform_dependent=False, max_examples=15, edge_exempt=EMIT_EDGE_EXEMPT),
-    OpSpec("draft_plan_triton", _plan_impl("triton"), _plan_ref, _plan_samples, _plan_recipe,
-           lambda: _plan_errors("triton"), only("float32"), PLAN_COMPARE, platform_dependent=False, max_examples=5,
-           edge_exempt=EMIT_EDGE_EXEMPT),
-    OpSpec("chain_verify_rows", _chain_impl("torch"), _chain_ref, _chain_samples, _chain_recipe,
-           lambda: _chain_errors("torch"), only("float32"), CHAIN_COMPARE, platform_dependent=False, max_examples=15,
-           edge_exempt=EMIT_EDGE_EXEMPT),
-    OpSpec("chain_verify_rows_triton", _chain_impl("triton"), _chain_ref, _chain_samples, _chain_recipe,
-           lambda: _chain_errors("triton"), only("float32"), CHAIN_COMPARE, platform_dependent=False, max_examples=5,
-           edge_exempt=EMIT_EDGE_EXEMPT),
+    *_twins("emit_tokens", _emit_impl, _emit_ref, _emit_samples, _emit_recipe, _emit_errors, EMIT_COMPARE),
+    *_twins("accepted_tokens", _accepted_impl, _accepted_ref, _accepted_samples, _accepted_recipe, _accepted_errors,
+            ACCEPTED_COMPARE),
+    *_twins("draft_plan", _plan_impl, _plan_ref, _plan_samples, _plan_recipe, _plan_errors, PLAN_COMPARE),
+    *_twins("chain_verify_rows", _chain_impl, _chain_ref, _chain_samples, _chain_recipe, _chain_errors,
+            CHAIN_COMPARE),
 )
