@@ -13,15 +13,6 @@ Triton: grid (requests, kv heads); one program holds the group's heads x query l
 loop bound being L_b read from the device tensors (a captured graph costs the live lengths).
 float32 accumulation; the output is float32 [N, Q, num_heads, head_dim] (float64 queries: the torch
 path in float64).
-
-The two products (docs/semantics.md 6.20): every product of two inputs is exact and every sum is a
-float32 sum. bfloat16 / float16 inputs on NVIDIA run on the TF32 tensor cores (`tf32_exact`): their
-significands fit TF32's, so Q.K is exact there, and the probabilities are split into their TF32
-part and the float32 rest, two exact TF32 products with V. float32 inputs, and every input on
-ROCm, take IEEE float32 products (`input_precision="ieee"`, the FMA units). On an H100, bfloat16 at
-decode sizes: 12.3 -> 6.9 us a call at 64 cached tokens, 43 -> 19 us at 512
-(benchmarks/results/attn_dot_modes-*.md). `indexed_attention.py` computes its products with the
-same two functions, so a naive EAGLE verify row rounds as the target-only decode row does.
 """
 
 from __future__ import annotations
@@ -30,31 +21,12 @@ import torch
 import triton
 import triton.language as tl
 
-from specverify.kernels.launch import TF32_LOW_BITS, check_launchable, pick_impl, tf32_exact
+from specverify.kernels.launch import check_launchable, pick_impl
 
 BLOCK_N = 64        # cache indices per KV block of the Triton kernel (32: 0.33 TB/s, 64: 0.54 TB/s at
                     # 8K context, bs 64, decode, H100; benchmarks/results/device_cycle-*.md)
 NUM_WARPS = 4
 NUM_STAGES = 3      # Triton's defaults
-TF32_KEEP = tl.constexpr(0xFFFFFFFF & ~TF32_LOW_BITS)   # a float32's bits that a TF32 operand keeps
-
-
-@triton.jit
-def scores_of(q, k, TF32: tl.constexpr):
-    """q [M, D] . k [N, D]^T in float32 with every product exact (TF32: the inputs fit it)."""
-    if TF32:
-        return tl.dot(q, tl.trans(k), input_precision="tf32")
-    return tl.dot(q, tl.trans(k), input_precision="ieee")
-
-
-@triton.jit
-def weighted_values(p, v, TF32: tl.constexpr):
-    """p [M, N] float32 . v [N, D] in float32 with every product exact. On TF32 (v fits it), p is its
-    TF32 part (the low fraction bits cleared) plus the float32 rest, each an exact TF32 product."""
-    if TF32:
-        p_hi = (p.to(tl.uint32, bitcast=True) & TF32_KEEP).to(tl.float32, bitcast=True)
-        return tl.dot(p_hi, v, input_precision="tf32") + tl.dot(p - p_hi, v, input_precision="tf32")
-    return tl.dot(p, v, input_precision="ieee")
 
 
 @triton.jit
@@ -67,7 +39,7 @@ def _paged_attention_kernel(
     s_ob, s_oj, s_oh, s_od,
     s_tr, s_tt,
     s_mb, s_mj, s_mr,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TF32: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -101,14 +73,14 @@ def _paged_attention_kernel(
         tree = tl.load(mask_ptr + b * s_mb + j[:, None] * s_mj + r[None, :] * s_mr,
                        mask=row_live[:, None] & in_region[None, :], other=0)
         seen = row_live[:, None] & (((r < 0)[None, :] & key_live[None, :]) | (tree != 0))
-        s = scores_of(q, k, TF32) * scale
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.where(seen, tl.exp(s - m_safe[:, None]), 0.0)
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + weighted_values(p, v, TF32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
     denom = tl.where(l_i > 0, l_i, 1.0)
     out = tl.where((l_i > 0)[:, None], acc / denom[:, None], 0.0)
@@ -186,6 +158,5 @@ def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_len
         region, nq, group, float(scale),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *req_to_token.stride(),
         *mask.stride(),
-        HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_N=block_n, TF32=tf32_exact(q.dtype), num_warps=num_warps,
-        num_stages=num_stages)
+        HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     return out

@@ -9,9 +9,7 @@ torch path in float64); a query whose list is empty gives zeros. Only the listed
 
 Triton: grid (queries, kv heads); one program holds the group's heads as rows of a
 [BLOCK_M, head_dim] tile and runs an online softmax over the list in blocks of BLOCK_N entries,
-storing float32 (the wrapper casts to the output dtype). Its two products are the paged attention
-kernel's (`attention.scores_of`, `attention.weighted_values`: exact products, TF32 tensor cores for
-bfloat16 / float16 on NVIDIA), so a verify row rounds as a target-only decode row does.
+storing float32 (the wrapper casts to the output dtype).
 The list bounds are read from kv_indptr on the device, so the kernel reads nothing back to the
 host and a captured graph costs the live lengths.
 """
@@ -22,8 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specverify.kernels.attention import scores_of, weighted_values
-from specverify.kernels.launch import check_launchable, pick_impl, tf32_exact
+from specverify.kernels.launch import check_launchable, pick_impl
 
 BLOCK_N = 64        # list entries per KV block of the Triton kernel
 # Launch parameters: Triton's defaults, the paged attention kernel's. An H100 sweep
@@ -47,7 +44,7 @@ def _indexed_decode_kernel(
     s_vs, s_vh, s_vd,
     s_on, s_oh, s_od,
     s_ip, s_ix,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TF32: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     i = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -73,14 +70,14 @@ def _indexed_decode_kernel(
                     mask=live[:, None], other=0.0).to(tl.float32)
         v = tl.load(v_ptr + slot[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd,
                     mask=live[:, None], other=0.0).to(tl.float32)
-        s = scores_of(q, k, TF32) * scale
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         s = tl.where(live[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         w = tl.where(live[None, :], tl.exp(s - m_safe[:, None]), 0.0)
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(w, axis=1)
-        acc = acc * alpha[:, None] + weighted_values(w, v, TF32)
+        acc = acc * alpha[:, None] + tl.dot(w, v, input_precision="ieee")
         m_i = m_new
         pos += BLOCK_N
     denom = tl.where(l_i > 0, l_i, 1.0)
@@ -142,6 +139,6 @@ def decode_attention_indexed_impl(q, k_cache, v_cache, kv_indptr, kv_indices, sc
         q, k_cache, v_cache, out, kv_indptr, kv_indices,
         group, float(scale),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), kv_indptr.stride(0), kv_indices.stride(0),
-        HEAD_DIM=hd, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, TF32=tf32_exact(q.dtype),
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        HEAD_DIM=hd, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES)
     return out.to(out_dtype)

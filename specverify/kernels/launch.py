@@ -15,31 +15,9 @@ tests/expectations/all.toml, under a condition probed at start-up (tests/matrix/
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 IMPLS = ("auto", "triton", "torch")
-
-# A TF32 tensor-core operand keeps float32's sign and exponent and the top 10 of its 23 fraction
-# bits: the low 13 are these.
-TF32_FRACTION_BITS = 10
-TF32_LOW_BITS = (1 << (23 - TF32_FRACTION_BITS)) - 1
-
-
-def gpu_backend() -> str:
-    """The GPU backend the kernels are built for: "hip" under a ROCm build of torch, else "cuda"
-    (the Triton interpreter runs what a CUDA GPU would)."""
-    return "hip" if torch.version.hip else "cuda"
-
-
-def tf32_exact(dtype: torch.dtype, backend: str | None = None) -> bool:
-    """Whether a kernel built for `backend` (default `gpu_backend()`) may take products of `dtype`
-    values on TF32 tensor cores and keep them exact: NVIDIA ("cuda") only, and only a dtype whose
-    significand fits TF32's (bfloat16 7 fraction bits, float16 10; float32's 23 do not). Its
-    exponent range must fit too: float16's and bfloat16's do."""
-    fraction_bits = -math.frexp(torch.finfo(dtype).eps)[1] + 1          # eps = 2 ** -fraction_bits
-    return (backend or gpu_backend()) == "cuda" and fraction_bits <= TF32_FRACTION_BITS
 
 
 def check_tensor(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device | None) -> None:

@@ -62,15 +62,13 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 
 def kernels() -> dict[str, JITFunction]:
-    """Every @triton.jit kernel defined in specverify.kernels (a `_kernel` name: the other jit
-    functions are device functions the kernels call, compiled inside them)."""
+    """Every @triton.jit kernel defined in specverify.kernels."""
     import specverify.kernels as package
     found = {}
     for info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"specverify.kernels.{info.name}")
         for value in vars(module).values():
-            if isinstance(value, JITFunction) and value.fn.__module__ == module.__name__ \
-                    and value.fn.__name__.endswith("_kernel"):
+            if isinstance(value, JITFunction) and value.fn.__module__ == module.__name__:
                 found[f"{module.__name__}.{value.fn.__name__}"] = value
     return found
 
@@ -82,10 +80,7 @@ def main(policy: str = "cuda") -> int:
     every = kernels()
     import specverify.kernels as package
     from specverify.kernels import launch
-    original, tf32_exact = launch.pick_impl, launch.tf32_exact
-
-    def tf32_exact_on_target(dtype):
-        return tf32_exact(dtype, TARGET.backend)
+    original = launch.pick_impl
 
     def kernel_unless_torch(impl, device):
         original(impl, device)                        # the argument check
@@ -96,8 +91,6 @@ def main(policy: str = "cuda") -> int:
             module.check_launchable = lambda kernel, device: None
         if hasattr(module, "pick_impl"):              # "auto" takes the kernel, as on a GPU
             module.pick_impl = kernel_unless_torch
-        if hasattr(module, "tf32_exact"):             # the wrappers' choice of products, for the target
-            module.tf32_exact = tf32_exact_on_target
     from specverify.conformance.registry import REGISTRY
     from specverify.platform import get_profile
     profile = get_profile("cpu")
