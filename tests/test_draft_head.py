@@ -10,7 +10,8 @@ from specverify import build_models, dtypes
 from specverify.models import Batch, chain_mask
 from tests.support.asserts import assert_close
 from tests.support.cases import cached_models
-from tests.support.steering import PEAK_MARGIN, SteeredDraft, agreement_draw, steer_logits
+from tests.support.steering import (PEAK_MARGIN, SteeredDraft, agreement_draw, steer_logits, steer_logits_fused,
+                                    steering_plan)
 
 pytestmark = pytest.mark.bitexact
 
@@ -147,6 +148,45 @@ def test_steer_logits_follows_the_rule(dtype, agreement, seed):
     assert got.dtype == dtype
     assert torch.equal(got, want)
     assert not torch.equal(got, logits), "the sample must steer some row"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [11, 1500])
+@pytest.mark.parametrize("per_row_ids", [False, True])
+def test_fused_steering_equals_the_tensor_rule(dtype, vocab, per_row_ids, seed):
+    """The one-kernel steering (what a steered draft runs on a GPU; interpreted here) == `steer_logits`
+    bit for bit: rows on and off the path, DFlash block rows (input token V), positions at both ends
+    of the context, a NaN row, an all -inf row, a row whose maximum is tied, ids per lane or per row,
+    and a vocabulary past one kernel block (1024)."""
+    g = torch.Generator().manual_seed(seed)
+    bs, q, ctx, reqs = 5, 4, 12, 3
+    oracle = torch.randint(0, vocab, (reqs, ctx + 1), generator=g)
+    oracle[:, -1] = -1
+    oracle[2, 6:] = -1
+    req_ids = torch.randint(0, reqs, (bs, q) if per_row_ids else (bs,), generator=g)
+    positions = torch.randint(0, ctx + 1, (bs, q), generator=g)
+    positions[0] = torch.tensor([ctx - 1, ctx, 0, 5])
+    lane_ids = req_ids if per_row_ids else req_ids[:, None].expand(bs, q)
+    tokens = oracle[lane_ids, positions].clamp(min=0)
+    tokens[1, :2] = vocab                                              # DFlash block rows
+    tokens[2, 0] = (tokens[2, 0] + 1) % vocab                          # off the path
+    logits = (torch.randn((bs, q, vocab), generator=g) * 4).to(dtype)
+    logits[3, 0, 5] = float("nan")
+    logits[3, 1] = float("-inf")
+    logits[3, 2, :2] = logits[3, 2].max() + 1                          # a tied maximum
+    for agreement in (0.0, 0.6, 1.0):
+        plan = steering_plan(oracle, agreement, seed % 1000)
+        want = steer_logits(logits, req_ids, positions, tokens, oracle, agreement, seed % 1000, plan=plan)
+        got = steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan)
+        assert got.dtype == dtype and got.shape == logits.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        if agreement > 0:
+            assert not torch.equal(got.nan_to_num(), logits.nan_to_num()), "the sample must steer some row"
+    flat = steer_logits_fused(logits[0], req_ids[0] if per_row_ids else req_ids[:1].expand(q), positions[0],
+                              tokens[0], oracle, plan)                 # [n] positions: one row per token
+    torch.testing.assert_close(flat, steer_logits(logits[0], req_ids[0] if per_row_ids else req_ids[:1].expand(q),
+                                                  positions[0], tokens[0], oracle, 1.0, seed % 1000, plan=plan),
+                               rtol=0, atol=0, equal_nan=True)
 
 
 def test_steering_rejects_bad_arguments():
