@@ -174,6 +174,8 @@ def test_fused_steering_equals_the_tensor_rule(dtype, vocab, per_row_ids, seed):
     logits[3, 0, 5] = float("nan")
     logits[3, 1] = float("-inf")
     logits[3, 2, :2] = logits[3, 2].max() + 1                          # a tied maximum
+    dev = "cuda" if torch.cuda.is_available() else "cpu"              # the kernel compiled, or interpreted
+    oracle, req_ids, positions, tokens, logits = (t.to(dev) for t in (oracle, req_ids, positions, tokens, logits))
     for agreement in (0.0, 0.6, 1.0):
         plan = steering_plan(oracle, agreement, seed % 1000)
         want = steer_logits(logits, req_ids, positions, tokens, oracle, agreement, seed % 1000, plan=plan)
