@@ -49,6 +49,10 @@ def _inputs(dtype: torch.dtype, seed: int):
     for b, n in enumerate(CONTEXT):
         table[b, :n] = torch.randperm(n, generator=g) + start
         start += n
+    # A key in request 0's second block (cache index 66) that outscores its first block for every
+    # head: the running maximum rises mid-row, so the rescale of the sums (alpha) is exercised.
+    group = NH // NKV
+    k[table[0, 66]] = (2 * q[0, 0].float().view(NKV, group, HD).sum(1)).to(dtype)
     return q, k, v, table
 
 
@@ -93,9 +97,9 @@ def _reference(q, k, v, table, scale) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_products_are_exact_and_sums_float32(dtype, seed):
+@pytest.mark.parametrize("scale", [HD ** -0.5 * 1.5, 24.0])           # != 1/sqrt(d); scores past exp's range
+def test_products_are_exact_and_sums_float32(dtype, seed, scale):
     q, k, v, table = _inputs(dtype, seed)
-    scale = HD ** -0.5 * 1.5                                          # a scale != 1/sqrt(d)
     want = _reference(q, k, v, table, scale)
     bound = _float32_bound(q, k, v, table, scale)[:, :, None]
     for name, got in (("paged", _paged(q, k, v, table, scale, "triton")), ("indexed", _indexed(q, k, v, table, scale))):

@@ -157,7 +157,7 @@ def test_fused_steering_equals_the_tensor_rule(dtype, vocab, per_row_ids, seed):
     """The one-kernel steering (what a steered draft runs on a GPU; interpreted here) == `steer_logits`
     bit for bit: rows on and off the path, DFlash block rows (input token V), positions at both ends
     of the context, a NaN row, an all -inf row, a row whose maximum is tied, ids per lane or per row,
-    and a vocabulary past one kernel block (1024)."""
+    a vocabulary past one kernel block (1024), and inputs with strides of their own."""
     g = torch.Generator().manual_seed(seed)
     bs, q, ctx, reqs = 5, 4, 12, 3
     oracle = torch.randint(0, vocab, (reqs, ctx + 1), generator=g)
@@ -176,6 +176,10 @@ def test_fused_steering_equals_the_tensor_rule(dtype, vocab, per_row_ids, seed):
     logits[3, 2, :2] = logits[3, 2].max() + 1                          # a tied maximum
     dev = "cuda" if torch.cuda.is_available() else "cpu"              # the kernel compiled, or interpreted
     oracle, req_ids, positions, tokens, logits = (t.to(dev) for t in (oracle, req_ids, positions, tokens, logits))
+    # Each input through its own strides: tokens column-major, logits rows of a wider buffer.
+    tokens = tokens.t().contiguous().t()
+    logits = torch.cat([logits, torch.full_like(logits[..., :3], 7.0)], -1)[..., :vocab]
+    assert tokens.stride() != positions.stride() and logits.stride(1) == vocab + 3
     for agreement in (0.0, 0.6, 1.0):
         plan = steering_plan(oracle, agreement, seed % 1000)
         want = steer_logits(logits, req_ids, positions, tokens, oracle, agreement, seed % 1000, plan=plan)
