@@ -36,8 +36,9 @@ graphs; the reference speculative decoder applies the same function to its own l
 
 On a GPU `SteeredDraft` runs the rule as one Triton kernel, `steer_logits_fused`, equal to the
 tensor rule bit for bit (tests/test_draft_head.py, interpreted on the CPU; mutants in
-tests/mutants/steering.toml). The tensor rule is some 30 small kernels per draft forward, ~0.06 ms
-on an H100: ~0.19 ms of every benchmarked EAGLE S3 cycle was the knob's, not the engine's (issue 25).
+tests/mutants/steering.toml). The tensor rule is some 30 small kernels per draft forward: with it
+the benchmarked EAGLE S3 k1 cycle took 0.899 ms on an H100, with the kernel 0.629 ms (the same engine
+and target step; issue 25). That time was the knob's, not the engine's.
 """
 
 from __future__ import annotations
@@ -169,8 +170,8 @@ def _steer_kernel(logits_ptr, out_ptr, req_ptr, pos_ptr, tok_ptr, oracle_ptr, pl
 def steer_logits_fused(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor,
                        oracle: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
     """`steer_logits` (same arguments, the plan given) in one Triton kernel: what a steered draft
-    forward costs on a GPU, where the tensor rule is some 30 small kernels (~0.06 ms a forward on an
-    H100) that a benchmark would otherwise charge to the engine. positions / tokens: [bs, q] or [n];
+    forward costs on a GPU, where the tensor rule is some 30 small kernels that a benchmark would
+    otherwise charge to the engine. positions / tokens: [bs, q] or [n];
     req_ids: [bs] or positions' shape; logits: positions' shape + [V]."""
     if positions.dim() == 1:
         positions, tokens = positions[:, None], tokens[:, None]
