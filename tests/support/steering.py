@@ -91,6 +91,11 @@ def steering_plan(oracle: torch.Tensor, agreement: float, seed: int) -> torch.Te
     return torch.where(nxt < 0, -1, torch.where(agree, nxt, -2 - nxt))
 
 
+def _request_of_each_row(req_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """req_ids broadcast from the left to positions' shape (a view: [bs] ids for [bs, q] rows)."""
+    return req_ids.reshape(tuple(req_ids.shape) + (1,) * (positions.dim() - req_ids.dim())).expand_as(positions)
+
+
 def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor,
                  oracle: torch.Tensor, agreement: float, seed: int, plan: torch.Tensor | None = None) -> torch.Tensor:
     """Apply the steering rule of the module docstring; returns new logits (same dtype, device).
@@ -104,7 +109,7 @@ def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.T
     if plan is None:
         plan = steering_plan(oracle, agreement, seed)
     ctx = oracle.shape[1] - 1
-    r = req_ids.reshape(tuple(req_ids.shape) + (1,) * (positions.dim() - req_ids.dim())).expand_as(positions)
+    r = _request_of_each_row(req_ids, positions)
     # A DFlash block row (input: the mask id V at position p) is keyed on the oracle's token at p - 1.
     block_row = tokens == logits.shape[-1]
     positions = torch.where(block_row, positions - 1, positions)
@@ -175,7 +180,7 @@ def steer_logits_fused(logits: torch.Tensor, req_ids: torch.Tensor, positions: t
     req_ids: [bs] or positions' shape; logits: positions' shape + [V]."""
     if positions.dim() == 1:
         positions, tokens = positions[:, None], tokens[:, None]
-    r = req_ids.reshape(tuple(req_ids.shape) + (1,) * (positions.dim() - req_ids.dim())).expand_as(positions)
+    r = _request_of_each_row(req_ids, positions)
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)
     out = torch.empty(flat.shape, dtype=logits.dtype, device=logits.device)
