@@ -112,6 +112,44 @@ def test_runner_pads_with_the_pad_row_and_refills_between_calls():
     assert runner.captures == 0
 
 
+def copies_made(fn) -> int:
+    """How many tensor copies fn() makes (the torch profiler's `aten::copy_` events)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name == "aten::copy_")
+
+
+def test_runner_copies_its_inputs_only_when_they_change():
+    """A decoder passes the same rows tensor every step until its running set changes: the runner
+    copies it into the bucket's buffer once, and again only when it is another tensor (of the same
+    shape too), was written in place, or the buffer was."""
+    seen = []
+
+    def fn(buf):                                                       # reads its inputs, copies nothing
+        seen.append({"x": buf["x"].tolist(), "ids": buf["ids"].tolist()})
+        return {"y": buf["x"]}
+
+    runner = BucketGraphRunner(fn, PAD, use_graphs=False)
+    x, ids = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([[1, 2], [3, 4], [5, 6]])
+    inputs = {"x": x, "ids": ids}
+    runner.run(inputs)                                                 # the bucket's buffers made and filled
+    assert copies_made(lambda: runner.run(inputs)) == 0
+    assert seen[-1]["x"] == [1, 2, 3, -1] and seen[-1]["ids"][3] == [7, 7]
+    other = {"x": torch.tensor([4.0, 5.0, 6.0]), "ids": ids}           # another tensor, same shape and version
+    assert copies_made(lambda: runner.run(other)) == 2                 # its live rows and the pad lane
+    assert seen[-1]["x"] == [4, 5, 6, -1] and seen[-1]["ids"][:3] == ids.tolist()
+    runner.run(inputs)                                                 # back to the first: copied again
+    assert seen[-1]["x"] == [1, 2, 3, -1]
+    x[1] = 20.0                                                        # written in place: copied again
+    assert copies_made(lambda: runner.run(inputs)) == 2
+    assert seen[-1]["x"] == [1, 20, 3, -1]
+    runner.static[4]["x"][0] = 99.0                                    # the buffer written: refilled
+    runner.run(inputs)
+    assert seen[-1]["x"] == [1, 20, 3, -1]
+    runner.run({"x": x[:2], "ids": ids[:2]})                           # a view of fewer rows: bucket 2
+    assert seen[-1]["x"] == [1, 20]
+
+
 def test_runner_rejects_unknown_inputs_and_wrong_row_shapes():
     runner = BucketGraphRunner(recording_fn([]), PAD, use_graphs=False)
     with pytest.raises(ValueError, match="input 'z' has no pad row"):

@@ -10,8 +10,8 @@ from specverify import build_models, dtypes
 from specverify.models import Batch, chain_mask
 from tests.support.asserts import assert_close
 from tests.support.cases import cached_models
-from tests.support.steering import (PEAK_MARGIN, SteeredDraft, agreement_draw, steer_logits, steer_logits_fused,
-                                    steering_plan)
+from tests.support.steering import (PEAK_MARGIN, STEER_BLOCK, SteeredDraft, agreement_draw, steer_logits,
+                                    steer_logits_fused, steering_plan)
 
 pytestmark = pytest.mark.bitexact
 
@@ -151,13 +151,14 @@ def test_steer_logits_follows_the_rule(dtype, agreement, seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("vocab", [11, 1500])
+@pytest.mark.parametrize("vocab", [11, STEER_BLOCK + 904])
 @pytest.mark.parametrize("per_row_ids", [False, True])
 def test_fused_steering_equals_the_tensor_rule(dtype, vocab, per_row_ids, seed):
     """The one-kernel steering (what a steered draft runs on a GPU; interpreted here) == `steer_logits`
-    bit for bit: rows on and off the path, DFlash block rows (input token V), positions at both ends
-    of the context, a NaN row, an all -inf row, a row whose maximum is tied, ids per lane or per row,
-    a vocabulary past one kernel block (1024), and inputs with strides of their own."""
+    bit for bit, on a copy and in place: rows on and off the path, DFlash block rows (input token V),
+    positions at both ends of the context, a NaN row, an all -inf row, a row whose maximum is tied,
+    ids per lane or per row, a vocabulary past one kernel block, and inputs with strides of their
+    own. The copy leaves its input alone; in place needs contiguous logits."""
     g = torch.Generator().manual_seed(seed)
     bs, q, ctx, reqs = 5, 4, 12, 3
     oracle = torch.randint(0, vocab, (reqs, ctx + 1), generator=g)
@@ -180,14 +181,26 @@ def test_fused_steering_equals_the_tensor_rule(dtype, vocab, per_row_ids, seed):
     tokens = tokens.t().contiguous().t()
     logits = torch.cat([logits, torch.full_like(logits[..., :3], 7.0)], -1)[..., :vocab]
     assert tokens.stride() != positions.stride() and logits.stride(1) == vocab + 3
+    before = logits.clone()
     for agreement in (0.0, 0.6, 1.0):
         plan = steering_plan(oracle, agreement, seed % 1000)
         want = steer_logits(logits, req_ids, positions, tokens, oracle, agreement, seed % 1000, plan=plan)
         got = steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan)
         assert got.dtype == dtype and got.shape == logits.shape
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(logits, before, rtol=0, atol=0, equal_nan=True)    # the copy's input is kept
         if agreement > 0:
             assert not torch.equal(got.nan_to_num(), logits.nan_to_num()), "the sample must steer some row"
+        mine = logits.contiguous()
+        assert mine.data_ptr() != logits.data_ptr()
+        copied = steer_logits_fused(mine, req_ids, positions, tokens, oracle, plan)      # contiguous: still a copy
+        assert copied.data_ptr() != mine.data_ptr()
+        torch.testing.assert_close(mine, before, rtol=0, atol=0, equal_nan=True)
+        inplace = steer_logits_fused(mine, req_ids, positions, tokens, oracle, plan, in_place=True)
+        assert inplace.data_ptr() == mine.data_ptr()
+        torch.testing.assert_close(mine, want, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match=r"in_place=True\) needs contiguous logits"):
+        steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan, in_place=True)
     flat = steer_logits_fused(logits[0], req_ids[0] if per_row_ids else req_ids[:1].expand(q), positions[0],
                               tokens[0], oracle, plan)                 # [n] positions: one row per token
     torch.testing.assert_close(flat, steer_logits(logits[0], req_ids[0] if per_row_ids else req_ids[:1].expand(q),

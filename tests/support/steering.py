@@ -38,7 +38,9 @@ On a GPU `SteeredDraft` runs the rule as one Triton kernel, `steer_logits_fused`
 tensor rule bit for bit (tests/test_draft_head.py, interpreted on the CPU; mutants in
 tests/mutants/steering.toml). The tensor rule is some 30 small kernels per draft forward: with it
 the benchmarked EAGLE S3 k1 cycle took 0.899 ms on an H100, with the kernel 0.629 ms (the same engine
-and target step; issue 25). That time was the knob's, not the engine's.
+and target step; issue 25). That time was the knob's, not the engine's. The kernel steers the
+head's fresh logits in place: one pass for each row's maximum and one store (a first form copied
+every row, ~18 us a draft forward on an H100, step_anatomy.py).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ import triton.language as tl
 
 PEAK_MARGIN = 8.0   # logit margin that makes the steered token the unambiguous top choice
 _MARGIN = tl.constexpr(PEAK_MARGIN)
-STEER_BLOCK = 1024  # vocabulary entries per block of the fused steering kernel
+STEER_BLOCK = 4096  # vocabulary entries per block of the fused steering kernel (its max pass)
+STEER_WARPS = 8
 
 _M32 = 0xFFFFFFFF
 
@@ -132,11 +135,11 @@ def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.T
 
 
 @triton.jit
-def _steer_kernel(logits_ptr, out_ptr, req_ptr, pos_ptr, tok_ptr, oracle_ptr, plan_ptr, q, ctx,
-                  s_lr, s_or, s_rb, s_rq, s_pb, s_pq, s_tb, s_tq, s_oracle, s_plan,
+def _steer_kernel(logits_ptr, req_ptr, pos_ptr, tok_ptr, oracle_ptr, plan_ptr, q, ctx,
+                  s_lr, s_rb, s_rq, s_pb, s_pq, s_tb, s_tq, s_oracle, s_plan,
                   VOCAB: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr, TO_BF16: tl.constexpr):
-    """One program per logits row: `steer_logits`'s rule for that row, the row copied with its
-    steered entry in one pass after a pass for its maximum (no entry is written twice)."""
+    """One program per logits row: `steer_logits`'s rule for that row, in place. One pass for the
+    row's maximum, then the one steered entry stored (the row's other entries are never written)."""
     row = tl.program_id(0)
     b = row // q
     j = row % q
@@ -165,32 +168,34 @@ def _steer_kernel(logits_ptr, out_ptr, req_ptr, pos_ptr, tok_ptr, oracle_ptr, pl
         bits = peak.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         peak = bits.to(tl.float32, bitcast=True)
-    value = tl.where(agree, peak, float("-inf")).to(out_ptr.dtype.element_ty)
-    for start in range(0, VOCAB, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(logits_ptr + row * s_lr + cols, mask=cols < VOCAB, other=0.0)
-        tl.store(out_ptr + row * s_or + cols, tl.where(on & (cols == nxt), value, x), mask=cols < VOCAB)
+    value = tl.where(agree, peak, float("-inf")).to(logits_ptr.dtype.element_ty)
+    tl.store(logits_ptr + row * s_lr + nxt, value, mask=on)
 
 
 def steer_logits_fused(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor,
-                       oracle: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
+                       oracle: torch.Tensor, plan: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
     """`steer_logits` (same arguments, the plan given) in one Triton kernel: what a steered draft
     forward costs on a GPU, where the tensor rule is some 30 small kernels that a benchmark would
     otherwise charge to the engine. positions / tokens: [bs, q] or [n];
-    req_ids: [bs] or positions' shape; logits: positions' shape + [V]."""
+    req_ids: [bs] or positions' shape; logits: positions' shape + [V].
+
+    in_place: steer `logits` itself (contiguous; a steered draft's own fresh logits) and return
+    it; otherwise a contiguous copy is steered, as the tensor rule returns one."""
     if positions.dim() == 1:
         positions, tokens = positions[:, None], tokens[:, None]
     r = _request_of_each_row(req_ids, positions)
-    vocab = logits.shape[-1]
-    flat = logits.reshape(-1, vocab)
-    out = torch.empty(flat.shape, dtype=logits.dtype, device=logits.device)
+    if in_place and not logits.is_contiguous():
+        raise ValueError(f"steer_logits_fused(in_place=True) needs contiguous logits, got strides {logits.stride()}")
+    out = logits if in_place else logits.clone(memory_format=torch.contiguous_format)
+    vocab = out.shape[-1]
+    flat = out.view(-1, vocab)
     if flat.shape[0]:
         _steer_kernel[(flat.shape[0],)](
-            flat, out, r, positions, tokens, oracle, plan, positions.shape[1], oracle.shape[1] - 1,
-            flat.stride(0), out.stride(0), *r.stride(), *positions.stride(), *tokens.stride(), oracle.stride(0),
-            plan.stride(0), VOCAB=vocab, BLOCK=STEER_BLOCK, WIDE=logits.dtype == torch.float64,
-            TO_BF16=logits.dtype == torch.bfloat16)
-    return out.view(logits.shape)
+            flat, r, positions, tokens, oracle, plan, positions.shape[1], oracle.shape[1] - 1,
+            flat.stride(0), *r.stride(), *positions.stride(), *tokens.stride(), oracle.stride(0), plan.stride(0),
+            VOCAB=vocab, BLOCK=STEER_BLOCK, WIDE=out.dtype == torch.float64, TO_BF16=out.dtype == torch.bfloat16,
+            num_warps=STEER_WARPS)
+    return out
 
 
 class SteeredDraft:
@@ -219,9 +224,9 @@ class SteeredDraft:
         if batch.req_ids is None:
             raise ValueError("SteeredDraft needs Batch.req_ids (the engine fills it in every draft call)")
         logits, hidden = self.inner.compute_logits(cache, batch, features)
-        if logits.is_cuda:          # one kernel: the knob should cost a benchmark next to nothing
+        if logits.is_cuda:          # one kernel, in place: the knob should cost a benchmark next to nothing
             return steer_logits_fused(logits, batch.req_ids, batch.positions, batch.input_ids, self.oracle,
-                                      self.plan), hidden
+                                      self.plan, in_place=logits.is_contiguous()), hidden
         return steer_logits(logits, batch.req_ids, batch.positions, batch.input_ids, self.oracle,
                             self.agreement, self.seed, plan=self.plan), hidden
 
