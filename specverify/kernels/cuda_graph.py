@@ -2,9 +2,11 @@
 
 The function takes a dict of input tensors (leading dim = batch) and returns a dict of tensors.
 It may read and write persistent device tensors of its own (caches, request state): that is what
-makes one replay a whole decode cycle. Inputs are copied into static buffers before every call:
+makes one replay a whole decode cycle. Inputs are copied into static buffers before a call:
 rows past the live batch get the pad row given at construction, so stale padding never carries
-over, and the eager path (`use_graphs=False`) calls the function on the same padded buffers, so a
+over. An input is copied again only when it changed: another tensor than the one the buffer holds,
+or either written since (their version counters); a decoder's rows tensor lives until its running
+set changes, so a steady step makes no copy. The eager path (`use_graphs=False`) calls the function on the same padded buffers, so a
 replay and an eager call compute the same thing. Without padding (`pad_batches=False`, the CPU
 default of the decoders) the function runs at the live batch size.
 
