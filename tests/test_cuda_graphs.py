@@ -150,6 +150,21 @@ def test_runner_copies_its_inputs_only_when_they_change():
     assert seen[-1]["x"] == [1, 20]
 
 
+def test_runner_under_inference_mode_copies_every_call():
+    """Tensors made under `torch.inference_mode` (how an engine often runs its decode loop) keep no
+    version counter: the runner cannot tell an edit from none, so it copies them every call, and
+    an edit in place still reaches the function."""
+    seen = []
+    with torch.inference_mode():
+        runner = BucketGraphRunner(lambda buf: seen.append(buf["x"].tolist()) or {"y": buf["x"]}, PAD,
+                                   use_graphs=False)
+        x, ids = torch.tensor([1.0, 2.0]), torch.tensor([[1, 2], [3, 4]])
+        runner.run({"x": x, "ids": ids})
+        x[0] = 5.0
+        runner.run({"x": x, "ids": ids})
+    assert seen == [[1.0, 2.0], [5.0, 2.0]]
+
+
 def test_runner_rejects_unknown_inputs_and_wrong_row_shapes():
     runner = BucketGraphRunner(recording_fn([]), PAD, use_graphs=False)
     with pytest.raises(ValueError, match="input 'z' has no pad row"):

@@ -80,14 +80,18 @@ class BucketGraphRunner:
                 continue            # the buffer holds these rows already: no copy (a step's host time)
             target[:live].copy_(value, non_blocking=True)
             target[live:].copy_(self.pad[name].expand_as(target[live:]))
-            self._held[bucket, name] = (value, value._version, target._version)
+            if value.is_inference() or target.is_inference():
+                self._held.pop((bucket, name), None)    # no version counter to trust: copy every call
+            else:
+                self._held[bucket, name] = (value, value._version, target._version)
         return buf
 
     def _holds(self, bucket: int, name: str, value: torch.Tensor) -> bool:
         """Whether the bucket's buffer `name` still holds exactly `value`'s rows from the last fill:
         the same tensor, and neither it nor the buffer written since (their version counters). A
         decoder passes the same rows tensor every step until its running set changes, and the
-        device-to-device copy costs some 50 us of host time a step (step_anatomy.py, H100)."""
+        device-to-device copy costs some 50 us of host time a step (step_anatomy.py, H100). Tensors
+        made under `torch.inference_mode` keep no version counter: they are copied every call."""
         held = self._held.get((bucket, name))
         return (held is not None and held[0] is value and held[1] == value._version
                 and held[2] == self.static[bucket][name]._version)
