@@ -2,7 +2,8 @@
 
 CPU: `BucketGraphRunner` without graphs, the path CPU CI runs: inputs land in one static buffer
 per bucket, rows past the live batch get the pad row again on every call (a smaller call never
-sees an earlier call's rows), unknown inputs and wrong row shapes raise, `pad_batches=False` calls
+sees an earlier call's rows), an input is copied only when it changed (another tensor, or either
+written since; under `torch.inference_mode`, which keeps no version counters, every call), unknown inputs and wrong row shapes raise, `pad_batches=False` calls
 the function at the live shape, graphs without padding are refused; the rows a captured step reads
 by address without holding them (a chain's mask, parents and offsets, a lone draft query's mask,
 a chain tree's shared rows, the unit logits scale) stay allocated whatever is made after them,
@@ -20,6 +21,7 @@ and a prefill's long chain gets fresh rows that are not kept.
   each running request's cached indices; one capture per bucket; the rows of a bucket change
   between replays;
 - an abort on the graph path leaves the other requests' outputs as an un-aborted run's;
+- decoders started, captured and stepped under `torch.inference_mode` emit what they emit outside;
 - the trace of a captured run equals the reference speculative decoder's
   (`tests/test_spec_trace.py`'s comparison, run on device models);
 - float64 models (the precision mode whose attention reads the device) still decode.
@@ -336,6 +338,35 @@ def test_graph_replay_equals_eager_bit_for_bit(sampling, spec_name, model):
         f"{graph.runner.captures} captures for buckets {sorted(rows_seen)}"
     assert any(len(sets) >= 2 for sets in rows_seen.values()), f"no bucket replayed on changed rows: {rows_seen}"
     assert len(rows_seen) >= 3, f"the batch crossed too few buckets: {sorted(rows_seen)}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("spec_name", ["target-only", "topk1", "naive"])
+def test_captured_decoders_under_inference_mode_decode_as_without(spec_name):
+    """Engines decode under `torch.inference_mode`: a decoder started and stepped there (its graphs
+    captured there, its rows tensors inference tensors the runner copies every step) emits what the
+    same captured decoder emits outside it, while the batch shrinks across buckets."""
+    prompts = ragged_prompts(43, 6, VOCAB, max_len=10)
+    budgets = [3, 6, 9, 13, 17, 22]
+
+    def run():
+        if spec_name == "target-only":
+            dec = TargetOnlyDecoder(gpu_models(), SamplingParams(), seed=SEED, eos_token_id=None, page_size=4)
+            reqs = new_requests(prompts, budgets)
+            dec.start(reqs)
+        else:
+            spec = GPU_SPECS[spec_name]
+            models = steered_models(gpu_models(), prompts, budgets, agreement=0.7, spec=spec)
+            dec, reqs = start_decoder(models, spec, SamplingParams(), prompts, budgets, eos=None, pad_batches=None)
+        assert dec.use_graphs
+        while dec.running():
+            dec.step()
+        return [r.output for r in reqs], dec.runner.captures
+
+    plain, captures = run()
+    with torch.inference_mode():
+        inside, inside_captures = run()
+    assert inside == plain and inside_captures == captures >= 3
 
 
 @pytest.mark.cuda

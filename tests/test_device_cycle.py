@@ -12,7 +12,9 @@ CPU, so CPU CI checks what the graphs rely on:
   (tests/support/pad_contents.py, refilled before every step) leave every running request's K/V
   at its cached indices (target and draft caches, read through its slot-table row), its device
   state row and its recurrent state bit for bit the same; the pad row's table row maps only to the
-  sink slot.
+  sink slot;
+- under `torch.inference_mode` (where engines run their decode loop; its tensors keep no version
+  counter for the runner to trust) the padded path decodes the same tokens as outside it.
 
 What is exact and what is not. Runs at the same shapes do the same arithmetic in the same order,
 so the padded runs are compared with torch.equal. A live-shape run does its matrix products at
@@ -220,6 +222,24 @@ def test_padded_buckets_decode_exactly_as_live_shapes(sampling, topk, page_size)
     # One readback per step (the prefill made the first), no graph on the CPU.
     assert readbacks == list(range(2, len(running) + 2))
     assert pd.runner.captures == 0 and pd.runner.pad_batches and not ld.runner.pad_batches
+
+
+def test_padded_decoder_under_inference_mode_decodes_as_without():
+    """Engines run their decode loop under `torch.inference_mode`: the padded path (the runner's
+    buffers, its rows tensors made fresh whenever a request finishes) decodes the same tokens there
+    as outside it, requests finishing at different cycles included."""
+    models = steered()
+    dec, reqs = start_decoder(models, SPECS[1, 1], SamplingParams(), PROMPTS, BUDGETS, eos=None, pad_batches=True)
+    while dec.running():
+        dec.step()
+    with torch.inference_mode():
+        idec, ireqs = start_decoder(models, SPECS[1, 1], SamplingParams(), PROMPTS, BUDGETS, eos=None,
+                                    pad_batches=True)
+        while idec.running():
+            idec.step()
+    assert [r.output for r in ireqs] == [r.output for r in reqs]
+    assert [r.accept_lengths for r in ireqs] == [r.accept_lengths for r in reqs]
+    assert len({len(r.accept_lengths) for r in reqs}) > 1, "the requests must finish at different cycles"
 
 
 @pytest.mark.bitexact
