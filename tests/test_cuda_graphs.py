@@ -148,8 +148,16 @@ def test_runner_copies_its_inputs_only_when_they_change():
     runner.static[4]["x"][0] = 99.0                                    # the buffer written: refilled
     runner.run(inputs)
     assert seen[-1]["x"] == [1, 20, 3, -1]
+    runner.run({"x": x, "ids": ids + 10})                              # only the second input changes
+    assert seen[-1]["x"] == [1, 20, 3, -1] and seen[-1]["ids"][:3] == (ids + 10).tolist()
     runner.run({"x": x[:2], "ids": ids[:2]})                           # a view of fewer rows: bucket 2
     assert seen[-1]["x"] == [1, 20]
+    assert copies_made(lambda: runner.run(inputs)) == 2                # bucket 4 still holds x (not the
+    assert copies_made(lambda: runner.run(inputs)) == 0                # bucket-2 view): only ids is copied
+    four = torch.tensor([7.0, 8.0, 9.0, 10.0])
+    runner.run({"x": four, "ids": torch.ones((4, 2), dtype=torch.int64)})
+    runner.run({"x": four[:3], "ids": ids})                            # same address and version, 3 rows
+    assert seen[-1]["x"] == [7, 8, 9, -1], "a view of the held tensor is another input"
 
 
 def test_runner_under_inference_mode_copies_every_call():
@@ -165,6 +173,24 @@ def test_runner_under_inference_mode_copies_every_call():
         x[0] = 5.0
         runner.run({"x": x, "ids": ids})
     assert seen == [[1.0, 2.0], [5.0, 2.0]]
+    # Mixed: buffers made outside the mode with inputs made inside it, and the other way round.
+    outside = BucketGraphRunner(lambda buf: seen.append(buf["x"].tolist()) or {"y": buf["x"]}, PAD,
+                                use_graphs=False)
+    outside.run({"x": torch.tensor([1.0]), "ids": torch.tensor([[1, 2]])})
+    with torch.inference_mode():
+        inner = torch.tensor([6.0])
+        outside.run({"x": inner, "ids": torch.tensor([[1, 2]])})
+        inner[0] = 7.0
+        outside.run({"x": inner, "ids": torch.tensor([[1, 2]])})
+    assert seen[-2:] == [[6.0], [7.0]]
+    with torch.inference_mode():
+        made_inside = BucketGraphRunner(lambda buf: seen.append(buf["x"].tolist()) or {"y": buf["x"]}, PAD,
+                                        use_graphs=False)
+    plain = torch.tensor([2.0])
+    with torch.inference_mode():
+        made_inside.run({"x": plain, "ids": torch.tensor([[1, 2]])})
+        made_inside.run({"x": plain, "ids": torch.tensor([[1, 2]])})
+    assert seen[-2:] == [[2.0], [2.0]]
 
 
 def test_runner_rejects_unknown_inputs_and_wrong_row_shapes():
