@@ -13,6 +13,10 @@ graph (bfloat16, the small preset's 8 query / 4 KV heads x 64):
 - `sdpa`: torch's scaled_dot_product_attention over contiguous K / V (what the hardware does with a
   library kernel).
 
+`_variant` repeats the engine kernel's online-softmax update on purpose: the probes switch its
+pieces off one by one, and the engine's kernel carries no probe flags (nothing test-only lives in
+`specverify/`). The inputs are attn_latency_sweep.py's.
+
     PYTHONPATH=. python3 benchmarks/experiments/attn_anatomy.py
 """
 import sys
@@ -26,6 +30,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from _common import graph_ms  # noqa: E402
+from attn_latency_sweep import case  # noqa: E402  (the sweep's decode-size inputs: this directory is on the path)
 
 from specverify.kernels.attention import paged_attention_impl  # noqa: E402
 
@@ -106,28 +111,16 @@ def _variant(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, kv_lens_ptr, q_lens_ptr, m
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def case(bs, nq, ctx, nkv=4, hd=64, group=2):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    slots = 1 + bs * (ctx + nq)
-    k = torch.randn((slots, nkv, hd), dtype=torch.bfloat16, device="cuda", generator=gen)
-    v = torch.randn((slots, nkv, hd), dtype=torch.bfloat16, device="cuda", generator=gen)
-    table = (1 + torch.randperm(bs * (ctx + nq), device="cuda", generator=gen)).view(bs, ctx + nq)
-    q = torch.randn((bs, nq, nkv * group, hd), dtype=torch.bfloat16, device="cuda", generator=gen)
-    mask = torch.tril(torch.ones((nq, nq), dtype=torch.int8, device="cuda")).expand(bs, nq, nq).contiguous()
-    return q, k, v, table, torch.full((bs,), ctx, device="cuda"), torch.full((bs,), nq, device="cuda"), mask
-
-
 def main() -> None:
     modes = {"dot": 0, "no-mask": 1, "no-table": 2, "bsum": 3, "copy": 4, "no-pv": 5, "pv-bf16-mma": 6,
              "qk-bf16-mma": 7}
     print("| bs | q | ctx | engine | " + " | ".join(modes) + " | sdpa | bsum max err vs engine |")
     print("|---|---|---|---|" + "---|" * (len(modes) + 2))
     for bs, nq, ctx in ((1, 1, 64), (1, 4, 64), (8, 4, 64), (1, 1, 256), (8, 1, 256), (1, 4, 512), (64, 1, 128)):
-        q, k, v, table, kv_lens, q_lens, mask = case(bs, nq, ctx)
+        q, k, v, table, rows, kv_lens, q_lens, mask, _, scale = case(bs, nq, ctx)
+        mask = mask.to(torch.int8)                       # as the model hands it to the kernel
         nkv, hd = k.shape[1], k.shape[2]
         group = q.shape[2] // nkv
-        rows = torch.arange(bs, device="cuda")
-        scale = hd ** -0.5
 
         def engine():
             return paged_attention_impl(q, k, v, table, rows, kv_lens, q_lens, mask, 0, scale, out_dtype=q.dtype)

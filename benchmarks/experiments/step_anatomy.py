@@ -29,6 +29,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from bench_device_cycle import make_prompts, precapture  # noqa: E402
+from host_gap import launch_host_ms, timed_ms  # noqa: E402  (this directory is on the path)
 from specverify.engine.requests import new_requests  # noqa: E402
 from specverify.engine.sampling import SamplingParams  # noqa: E402
 from specverify.engine.spec_config import SpecConfig  # noqa: E402
@@ -113,22 +114,11 @@ def measure(models, spec, prompts, trace: bool, no_gc: bool) -> dict:
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14), file=sys.stderr, flush=True)
     graph = dec.runner.graphs[bucket_for(bs, dec.runner.buckets)]
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(30):
-        graph.replay()
-    torch.cuda.synchronize()
-    back_to_back = (time.perf_counter() - start) / 30 * 1e3
+    back_to_back = timed_ms(graph.replay, 30)
     kus, steer, count = kernel_us(graph)
-    launch = 0.0
-    for _ in range(20):                         # the replay call alone, the device idle before it
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        graph.replay()
-        launch += time.perf_counter() - start
-    torch.cuda.synchronize()
+    launch = launch_host_ms(graph, 20)          # the replay call alone, the device idle before it
     return {"steps": steps, "step ms": wall / steps * 1e3, "back-to-back ms": back_to_back, "kernel us": kus,
-            "steer us": steer, "kernels": count, "replay() alone": launch / 20 * 1e3, **pieces}
+            "steer us": steer, "kernels": count, "replay() alone": launch, **pieces}
 
 
 def main() -> None:
