@@ -34,6 +34,7 @@ import torch  # noqa: E402
 import specverify  # noqa: E402
 from specverify.engine.device_state import extend_batch  # noqa: E402
 from specverify.engine.spec_config import SpecConfig  # noqa: E402
+from specverify.models import layers  # noqa: E402
 from bench_device_cycle import make_prompts, release, run_spec, run_target, steered_for  # noqa: E402
 
 AGREEMENT = 0.7
@@ -101,16 +102,45 @@ def forward_floors(models, spec: SpecConfig) -> dict:
     d, s, k = spec.draft_tokens, spec.num_steps, spec.topk
     plain, verify, extend, step = batch(1), batch(d), batch(s + 1), batch(k)
     feats = [torch.zeros((1, q, cfg.hidden_size), dtype=target.dtype, device=target.device) for q in (s + 1, k)]
+    root = torch.tensor([s], **i64)                       # the extend's last lane: its logits are the ones read
 
     def target_forward():
         target.forward(cache, plain, commit_state=False)
 
-    def cycle_forwards():
+    def verify_forward():
         target.forward(cache, verify, commit_state=False)
-        head.forward(cache, extend, feats[0])
+
+    def draft_step():
+        head.forward(cache, step, feats[1])
+
+    def cycle_forwards():
+        verify_forward()
+        head.forward(cache, extend, feats[0], at=root)
         for _ in range(s - 1):
-            head.forward(cache, step, feats[1])
-    return {"target_ms": graph_ms(target_forward, reps=4), "cycle_ms": graph_ms(cycle_forwards, reps=4)}
+            draft_step()
+
+    # What a draft forward cannot cost less than while its layer is built as the target's: one
+    # target decoder layer over one token (the draft head's layer runs the same kernels), its fc
+    # matmul ([1, 2H] @ fc) and the lm_head matmul ([1, H] @ lm_head, the full vocabulary).
+    w, a = target.w, target.attn_layers[0]
+    x = torch.zeros((1, 1, cfg.hidden_size), dtype=target.dtype, device=target.device)
+    x2 = torch.zeros((1, 2 * cfg.hidden_size), dtype=target.dtype, device=target.device)
+    plan1 = layers.plan_attention(plain, cache.table.req_to_token, target.rotary, target.dtype)
+
+    def target_layer():
+        n, h = layers.add_rmsnorm(x, None, w[f"layers.{a}.attn_norm"], cfg.norm_eps)
+        mixed = layers.attention(n, w, f"layers.{a}", plain, cache.kv.k[0], cache.kv.v[0], cache.table.req_to_token,
+                                 plan1, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+        n, h = layers.add_rmsnorm(h, mixed, w[f"layers.{a}.mlp_norm"], cfg.norm_eps)
+        layers.swiglu_mlp(n, w, f"layers.{a}")
+
+    out = {"target_ms": graph_ms(target_forward, reps=4), "cycle_ms": graph_ms(cycle_forwards, reps=4),
+           "verify_ms": graph_ms(verify_forward, reps=4), "draft_step_ms": graph_ms(draft_step, reps=8),
+           "layer_ms": graph_ms(target_layer, reps=8), "fc_ms": graph_ms(lambda: x2 @ head.w["fc"], reps=8),
+           "lm_head_ms": graph_ms(lambda: x[0] @ head.lm_head, reps=8)}
+    # The cycle's forwards with every draft forward at that least: its verify, then S of them.
+    out["least_cycle_ms"] = out["verify_ms"] + s * (out["layer_ms"] + out["fc_ms"] + out["lm_head_ms"])
+    return out
 
 
 def measure(preset: str, specs: dict, plan: dict, args) -> dict:
@@ -276,11 +306,29 @@ def main(argv=None) -> int:
                     "the cycle's forwards alone, ms", "floor of cycle / target step",
                     "the same on the device alone (over the target forward alone)"], rows)
     lines += ["", "The cycle's forwards alone: its verify forward over D nodes, its draft-extend over S + 1 tokens "
-              "and its S - 1 draft steps, one request with 48 cached tokens, replayed from one CUDA graph with "
+              "(the lm_head on its last token only, as the engine runs it) and its S - 1 draft steps, one request "
+              "with 48 cached tokens, replayed from one CUDA graph with "
               "nothing between them (no selection, accept, commit or tree build). Over the measured target-only "
               "step, the ratio a cycle cannot go below with these forwards, however little its bookkeeping costs. "
               "Over the target forward alone, the same ratio without any host time: what the cycle / target-step "
               "ratio tends to as the host's share of both steps shrinks."]
+    lines += ["", "## What a draft forward cannot cost less than (bs 1, one graph each, ms)", ""]
+    rows = []
+    for preset, res in (("small", small), ("medium", medium)):
+        if res is None:
+            continue
+        for name, f in res["forwards"].items():
+            rows.append([preset, name, f"{f['target_ms']:.3f}", f"{f['verify_ms']:.3f}", f"{f['draft_step_ms']:.3f}",
+                         f"{f['layer_ms']:.3f}", f"{f['fc_ms']:.3f}", f"{f['lm_head_ms']:.3f}",
+                         f"{f['least_cycle_ms']:.3f}", f"{_f(_ratio(f['least_cycle_ms'], f['target_ms']))}x"])
+    lines += table(["preset", "cycle", "target forward", "verify forward", "a draft step's forward",
+                    "one target layer (1 token)", "fc matmul", "lm_head matmul",
+                    "verify + S x (layer + fc + lm_head)", "the same over the target forward"], rows)
+    lines += ["", "A draft head's forward is one decoder layer built as the target's (the same kernels), its fc "
+              "matmul and the full-vocabulary lm_head, each measured here alone; its norms, embedding concat and "
+              "argmax are left out, as if fused away for free. The last column is the device-only cycle / target "
+              "ratio of a cycle whose draft forwards cost only that: with the target's own layer kernels, a lower "
+              "bound on the k1 cycle's ratio (the k4 tree's steps run 4 tokens, so for it a looser one)."]
     if errors:
         lines += ["", "Errors:", ""] + errors
     write_results(lines, out_dir(args.out, False), "aims", False)

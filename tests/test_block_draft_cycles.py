@@ -150,8 +150,8 @@ class RecordingHead:
     def __init__(self, inner):
         self.inner, self.calls = inner, []
 
-    def forward(self, cache, batch, features):
-        out = self.inner.forward(cache, batch, features)
+    def forward(self, cache, batch, features, *, at=None):
+        out = self.inner.forward(cache, batch, features, at=at)
         self.calls.append((batch.input_ids.clone(), batch.positions.clone(), batch.q_lens.clone(), out.logits.clone()))
         return out
 

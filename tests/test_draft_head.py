@@ -238,6 +238,95 @@ def test_fused_steering_sees_the_last_column_and_a_nan_in_any_block(seed):
     torch.testing.assert_close(mine, want, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("per_row_ids", [False, True])
+def test_fused_steering_of_one_lane_per_request_is_the_rule_on_those_lanes(per_row_ids, seed):
+    """`lanes` (a draft head's forward `at`: logits [bs, 1, V] of lane lanes[b] of [bs, q] rows):
+    the kernel's rows equal the tensor rule on positions / tokens gathered at the lanes, bit for
+    bit, with lanes at both ends and in the middle, one lane off the path and one a DFlash block
+    row. A kernel that took lane b % q, lane 0 or the first request's lane would steer another
+    token into some row."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, bs, q, ctx, reqs = 37, 6, 4, 30, 3
+    oracle = torch.randint(0, vocab, (reqs, ctx + 1), generator=g)
+    oracle[:, -1] = -1
+    req_ids = torch.randint(0, reqs, (bs, q) if per_row_ids else (bs,), generator=g)
+    lane_ids = req_ids if per_row_ids else req_ids[:, None].expand(bs, q)
+    positions = 1 + torch.randperm(ctx - 2, generator=g)[:bs * q].view(bs, q)   # distinct, each next token known
+    tokens = oracle[lane_ids, positions]
+    lanes = torch.tensor([3, 0, 2, 1, 3, 2])
+    tokens[4, 3] = (tokens[4, 3] + 1) % vocab                              # request 4's lane: off the path
+    tokens[5, 2] = vocab                                                   # request 5's lane: a DFlash block row
+    logits = (torch.randn((bs, 1, vocab), generator=g) * 3).float()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    oracle, req_ids, positions, tokens, logits, lanes = (t.to(dev) for t in (oracle, req_ids, positions, tokens,
+                                                                             logits, lanes))
+    at = lanes[:, None]
+    rows_ids = req_ids.gather(1, at) if per_row_ids else req_ids
+    plan = steering_plan(oracle, 1.0, seed % 1000)
+    want = steer_logits(logits, rows_ids, positions.gather(1, at), tokens.gather(1, at), oracle, 1.0, seed % 1000,
+                        plan=plan)
+    got = steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan, lanes=lanes)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    steered = (want != logits).any(-1)[:, 0]
+    assert steered[:4].all() and not steered[4] and steered[5], "lanes 0-3 and the block row steer, lane 4 not"
+    mine = logits.clone()
+    steer_logits_fused(mine, req_ids, positions, tokens, oracle, plan, in_place=True, lanes=lanes)
+    torch.testing.assert_close(mine, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"lanes must be int64 \[6\] with logits \[6, 1, V\]"):
+        steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan, lanes=lanes.int())
+    with pytest.raises(ValueError, match=r"lanes must be int64 \[6\] with logits \[6, 1, V\]"):
+        steer_logits_fused(logits.expand(-1, 2, -1), req_ids, positions, tokens, oracle, plan, lanes=lanes)
+
+
+@pytest.mark.parametrize("logits_dtype", ["float32", "float8_e4m3fn"])
+def test_forward_at_one_lane_per_request_returns_that_lanes_rows(logits_dtype, seed):
+    """`forward(..., at=lanes)` (what a draft-extend runs: only its root's row is read) returns
+    the rows of lane at[b] of the whole forward: logits, their scale and the hidden state, within
+    the tolerance table (the lm_head's matmul has another shape), and writes every live lane's
+    K/V, bit for bit as the whole forward. Steered, the rows are the steered whole forward's."""
+    models = build_models("tiny", seed=seed % 1000, compute_dtype="float64", logits_dtype=logits_dtype, device="cpu")
+    cfg = models.config
+    g = torch.Generator().manual_seed(seed)
+    bs, q = 3, 4
+    tokens = torch.randint(0, cfg.vocab_size, (bs, q), generator=g)
+    feats = torch.randn((bs, q, cfg.hidden_size), generator=g, dtype=torch.float64)
+    at = torch.tensor([q - 1, 0, 2])
+
+    def run(draft, lanes):
+        cache = models.target.new_cache(max_requests=bs)
+        rows = [cache.table.alloc_row() for _ in range(bs)]
+        for r in rows:
+            cache.table.reserve(r, 2 + q)
+        batch = draft_batch(rows, [2, 1, 2], tokens)
+        batch.req_ids = torch.arange(bs)
+        out = draft.forward(cache, batch, feats, at=lanes)
+        return out, cache.draft_kv.stacked.clone()
+
+    whole, kv_whole = run(models.draft, None)
+    one, kv_one = run(models.draft, at)
+    assert one.logits.shape == (bs, 1, cfg.vocab_size) and one.hidden.shape == (bs, 1, cfg.hidden_size)
+    assert torch.equal(kv_one, kv_whole) and kv_one.count_nonzero() > 0, "every lane's K/V is written"
+    ar = torch.arange(bs)
+    assert_close(one.hidden[:, 0], whole.hidden[ar, at], "float64", "hidden at the lanes")
+    assert_close(one.logits[:, 0].double() * one.scale[:, 0].double(),
+                 whole.logits[ar, at].double() * whole.scale[ar, at].double(), ("float64", logits_dtype),
+                 "dequantized logits at the lanes")
+    oracle = torch.full((bs, cfg.max_context + 1), -1, dtype=torch.int64)
+    for b in range(bs):
+        oracle[b, 2 - (b == 1):2 - (b == 1) + q] = tokens[b]
+        oracle[b, 2 - (b == 1) + q] = (tokens[b, -1] + 5) % cfg.vocab_size
+    steered = SteeredDraft(models.draft, oracle, 1.0, seed)
+    s_whole, s_one = run(steered, None)[0], run(steered, at)[0]
+    want = s_whole.logits[ar, at].double() * s_whole.scale[ar, at].double()
+    assert_close(s_one.logits[:, 0].double() * s_one.scale[:, 0].double(), want, ("float64", logits_dtype),
+                 "steered logits at the lanes")
+    assert torch.equal(s_one.logits[:, 0].float().argmax(-1), oracle[ar, at + torch.tensor([3, 2, 3])]), \
+        "each lane proposes the oracle's next token"
+    for bad in (at.int(), at[:2], at[:, None]):
+        with pytest.raises(ValueError, match=r"at must be an int64 \[3\] tensor"):
+            run(models.draft, bad)
+
+
 def test_steering_rejects_bad_arguments():
     models = cached_models()
     oracle = torch.full((1, models.config.max_context + 1), -1, dtype=torch.int64)
@@ -279,9 +368,9 @@ class RecordingDraft:
     def __init__(self, inner):
         self.inner, self.calls = inner, []
 
-    def forward(self, cache, batch, features):
+    def forward(self, cache, batch, features, *, at=None):
         self.calls.append((batch.req_ids.clone(), batch.rows.clone(), batch.q_lens.clone()))
-        return self.inner.forward(cache, batch, features)
+        return self.inner.forward(cache, batch, features, at=at)
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["live-shapes", "padded-buckets"])

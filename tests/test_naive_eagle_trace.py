@@ -85,12 +85,12 @@ class SoftDraft:
     def __init__(self, inner):
         self.inner = inner
 
-    def compute_logits(self, cache, batch, features):
-        logits, hidden = self.inner.compute_logits(cache, batch, features)
+    def compute_logits(self, cache, batch, features, *, at=None):
+        logits, hidden = self.inner.compute_logits(cache, batch, features, at=at)
         return logits / SOFTEN, hidden
 
-    def forward(self, cache, batch, features):
-        return self.inner.deliver(*self.compute_logits(cache, batch, features))
+    def forward(self, cache, batch, features, *, at=None):
+        return self.inner.deliver(*self.compute_logits(cache, batch, features, at=at))
 
 
 def reference_hook(draft, soft: bool):

@@ -27,7 +27,7 @@ import torch
 from specverify import ops
 from specverify.engine.eagle_cycle import EagleCycle
 from specverify.models import Batch
-from specverify.models.layers import chain_offsets, lone_query_mask
+from specverify.models.layers import lane_rows, lone_query_mask
 
 
 class MtpCycle(EagleCycle):
@@ -36,14 +36,12 @@ class MtpCycle(EagleCycle):
     def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, finished) -> None:
         heads = self.models.mtp
         bs = tokens.shape[0]
-        ar = chain_offsets(bs, tokens.device)
         plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
-        root = heads[0].forward(self.cache, batch, feats)                 # head 0 drafts d_1 from the root's row
+        root = heads[0].forward(self.cache, batch, feats, at=plan.last)   # head 0 drafts d_1 from the root's row
         for j in range(1, self.S):
             heads[j].hidden_states(self.cache, batch, feats)              # the other heads' context: K/V only
-        last = plan.last                                                    # the root's row
-        token = self._top1(root.logits[ar, last], root.scale[ar, last])     # [bs, 1] d_1
-        hidden = root.hidden[ar, last][:, None, :]                          # [bs, 1, H] the row that produced d_1
+        token = self._top1(root.logits[:, 0], root.scale[:, 0])             # [bs, 1] d_1
+        hidden = root.hidden                                                # [bs, 1, H] the row that produced d_1
         drafts = [token]
         sees_itself, no_parent = lone_query_mask(bs, 1, tokens.device)
         for step in range(1, self.S):
@@ -68,10 +66,9 @@ class DFlashCycle(EagleCycle):
     def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, finished) -> None:
         head, s = self.models.dflash, self.S
         bs = tokens.shape[0]
-        ar = chain_offsets(bs, tokens.device)
         plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
         context = head.hidden_states(self.cache, batch, feats)
-        root_hidden = context[ar, plan.last]                                                # [bs, H] g
+        root_hidden = lane_rows(context, plan.last)[:, 0]                                   # [bs, H] g
         mask_ids = torch.full((bs, s), self.models.config.vocab_size, dtype=torch.int64, device=tokens.device)
         bidirectional = torch.ones((bs, s, s), dtype=torch.bool, device=tokens.device)
         # The block rows at positions n + 1 .. n + S, after the root's prefix n.

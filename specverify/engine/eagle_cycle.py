@@ -33,7 +33,7 @@ from specverify.kernels.tree import build_tree, chain_tree_of
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models
 from specverify.models.kv_cache import SINK_SLOT
-from specverify.models.layers import chain_offsets, lone_query_mask
+from specverify.models.layers import lone_query_mask
 from specverify.ops import (accepted_tokens, chain_verify_rows, commit_accepted_kv, draft_plan, draft_token, draft_topk,
                             emit_tokens)
 from specverify.platform import PlatformProfile
@@ -81,16 +81,14 @@ class EagleCycle:
         `finished` write nothing to the caches."""
         head, k, st = self.models.draft, self.k, self.state
         bs = tokens.shape[0]
-        ar = chain_offsets(bs, tokens.device)                               # 0..bs-1, kept
         plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
-        out = head.forward(self.cache, batch, feats)
+        out = head.forward(self.cache, batch, feats, at=plan.last)        # the root's row only: [bs, 1, ...]
         if k == 1:
-            self._draft_chain(rows, out, ar, plan, req_ids)
+            self._draft_chain(rows, out, plan, req_ids)
             return
-        last = plan.last
-        p0, idx0 = draft_topk(out.logits[ar, last], k, self.profile, out.scale[ar, last])
+        p0, idx0 = draft_topk(out.logits[:, 0], k, self.profile, out.scale[:, 0])
         search = start_search(p0, idx0, self.S)
-        hidden = out.hidden[ar, last][:, None, :].expand(-1, k, -1)         # [bs, k, H]
+        hidden = out.hidden.expand(-1, k, -1)                               # [bs, k, H]
         beams = plan.live * k
         for step in range(1, self.S):
             pos = plan.ahead[:, step - 1, None].expand(-1, k)               # beams sit at depth `step`
@@ -113,14 +111,14 @@ class EagleCycle:
                           num_steps=self.S, checked=self.checked)
         return plan, extend_batch(rows, kv_lens, tokens, plan.q_lens, req_ids, positions=plan.positions)
 
-    def _draft_chain(self, rows, out, ar, plan, req_ids) -> None:
+    def _draft_chain(self, rows, out, plan, req_ids) -> None:
         """The search with topk 1: a chain. Each step's one beam is the argmax child of the last
         (its score and flat index are never read: only the tokens reach the next tree, `ops.chain_verify_rows`),
         so the S - 1 steps run the head on the last token and keep the head's hidden state; step s
         sees the draft prefix and the region entries 0..s-1, its own the last."""
         head, bs = self.models.draft, rows.shape[0]
-        token = draft_token(out.logits[ar, plan.last], self.profile, out.scale[ar, plan.last])    # [bs, 1]
-        hidden = out.hidden[ar, plan.last][:, None, :]                                          # [bs, 1, H]
+        token = draft_token(out.logits[:, 0], self.profile, out.scale[:, 0])    # [bs, 1] from the root's row
+        hidden = out.hidden                                                     # [bs, 1, H]
         drafts = [token]
         for step in range(1, self.S):
             seen, no_parent = lone_query_mask(bs, step, rows.device)

@@ -76,13 +76,11 @@ class NaiveCycle:
         """Draft-extend q_lens[b] tokens after kv_lens[b] draft entries and propose the next draft
         token from row last[b]. Lanes not `active` write nothing to the caches."""
         st = self.state
-        bs = tokens.shape[0]
-        ar = torch.arange(bs, device=tokens.device)
         q_lens = torch.where(active, q_lens, 0)
         batch = extend_batch(rows, kv_lens, tokens, q_lens, req_ids)
         batch.positions = batch.positions + 1                       # x_t sits at draft index t-1
-        out = self.models.draft.forward(self.cache, batch, feats)
-        logits, scale = out.logits[ar, last], out.scale[ar, last]   # [bs, V], [bs, 1]
+        out = self.models.draft.forward(self.cache, batch, feats, at=last)     # row last[b] only
+        logits, scale = out.logits[:, 0], out.scale[:, 0]           # [bs, V], [bs, 1]
         if self.mode == "exact":
             q = sampling_probs(logits, scale, self.params)
             root = kv_lens + last + 1                                # the position of the next root

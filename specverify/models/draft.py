@@ -8,7 +8,7 @@ its own final norm and the target's lm_head.
 `forward` is the whole head. It is split in two so a wrapper can work on the compute-dtype
 logits before they are delivered in the logits dtype: `compute_logits` (the network) and
 `deliver` (the conversion to the logits dtype, FP8 scale included). The engine sees a draft
-model with `forward(cache, batch, features)` and nothing else.
+model with `forward(cache, batch, features, at=None)` and nothing else.
 """
 
 from __future__ import annotations
@@ -65,14 +65,20 @@ class DraftHead:
         n, x = layers.add_rmsnorm(x, mixed, w["layer.mlp_norm"], cfg.norm_eps)
         return x, layers.swiglu_mlp(n, w, "layer")
 
-    def compute_logits(self, cache: ModelCache, batch: layers.Batch,
-                       features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def compute_logits(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor, *,
+                       at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's network. features: [bs, q, H] hidden feature paired with each new token.
 
         Returns (logits [bs, q, V] in the compute dtype, hidden [bs, q, H]); writes the new
-        tokens' K/V into the draft cache."""
+        tokens' K/V into the draft cache (every live token's, whatever `at` says).
+        at: [bs] int64, the one query lane per request whose logits and hidden state are wanted
+        (a draft-extend reads only its last token's): logits [bs, 1, V] and hidden [bs, 1, H], the
+        lm_head run on those rows alone. Values in [0, q) (`ops.draft_plan`'s `last`)."""
+        x, mlp = self._layer(cache, batch, features)
+        if at is not None:
+            x, mlp = layers.lane_rows(x, at), layers.lane_rows(mlp, at)
         # The last residual add rides in the final norm's kernel (its sum is the hidden state).
-        n, x = layers.add_rmsnorm(*self._layer(cache, batch, features), self.w["final_norm"], self.config.norm_eps)
+        n, x = layers.add_rmsnorm(x, mlp, self.w["final_norm"], self.config.norm_eps)
         return n @ self.lm_head, x
 
     def deliver(self, logits: torch.Tensor, hidden: torch.Tensor) -> ForwardOutput:
@@ -80,6 +86,7 @@ class DraftHead:
         values, scale = deliver_logits(logits, self.config)
         return ForwardOutput(values, scale, hidden)
 
-    def forward(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor) -> ForwardOutput:
-        """features: [bs, q, H] hidden feature paired with each new token."""
-        return self.deliver(*self.compute_logits(cache, batch, features))
+    def forward(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor, *,
+                at: torch.Tensor | None = None) -> ForwardOutput:
+        """features: [bs, q, H] hidden feature paired with each new token; at: as `compute_logits`."""
+        return self.deliver(*self.compute_logits(cache, batch, features, at=at))

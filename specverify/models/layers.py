@@ -112,6 +112,16 @@ class Batch:
                                 self.region, SINK_SLOT)
 
 
+def lane_rows(x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """x [bs, q, ...] -> x[b, at[b]] as [bs, 1, ...]: one lane per request (at: [bs] int64 in
+    [0, q)), one gather kernel on a GPU."""
+    if at.dtype != torch.int64 or at.shape != x.shape[:1]:
+        raise ValueError(f"at must be an int64 [{x.shape[0]}] tensor (one lane per request), got {at.dtype} "
+                         f"{tuple(at.shape)}")
+    index = at.view((-1,) + (1,) * (x.dim() - 1)).expand((-1, 1) + tuple(x.shape[2:]))
+    return x.gather(1, index)
+
+
 def chain_mask(bs: int, q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal tree mask [bs, q, q] and parents [bs, q] for a plain chain of new tokens."""
     _, parents, mask = _chain_rows(q, device)

@@ -2,7 +2,7 @@
 
 A draft head with random weights almost never agrees with the target, so acceptance would be
 "never". Tests and benchmarks steer it towards the target's greedy continuation instead, with a
-wrapper the engine sees as just another draft model (`forward(cache, batch, features)`); the engine
+wrapper the engine sees as just another draft model (`forward(cache, batch, features, at=None)`); the engine
 itself holds no oracle and no knob.
 
 The oracle. `oracle [R, max_context + 1]` int64: row r is request r's prompt followed by the
@@ -135,14 +135,20 @@ def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.T
 
 
 @triton.jit
-def _steer_kernel(logits_ptr, req_ptr, pos_ptr, tok_ptr, oracle_ptr, plan_ptr, q, ctx,
+def _steer_kernel(logits_ptr, req_ptr, pos_ptr, tok_ptr, lanes_ptr, oracle_ptr, plan_ptr, q, ctx,
                   s_lr, s_rb, s_rq, s_pb, s_pq, s_tb, s_tq, s_oracle, s_plan,
-                  VOCAB: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr, TO_BF16: tl.constexpr):
+                  VOCAB: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr, TO_BF16: tl.constexpr,
+                  LANES: tl.constexpr):
     """One program per logits row: `steer_logits`'s rule for that row, in place. One pass for the
-    row's maximum, then the one steered entry stored (the row's other entries are never written)."""
+    row's maximum, then the one steered entry stored (the row's other entries are never written).
+    LANES: logits row b is lane lanes[b] of request b (a draft-extend's one row per request)."""
     row = tl.program_id(0)
-    b = row // q
-    j = row % q
+    if LANES:
+        b = row
+        j = tl.load(lanes_ptr + b)
+    else:
+        b = row // q
+        j = row % q
     r = tl.load(req_ptr + b * s_rb + j * s_rq)
     pos = tl.load(pos_ptr + b * s_pb + j * s_pq)
     tok = tl.load(tok_ptr + b * s_tb + j * s_tq)
@@ -173,16 +179,24 @@ def _steer_kernel(logits_ptr, req_ptr, pos_ptr, tok_ptr, oracle_ptr, plan_ptr, q
 
 
 def steer_logits_fused(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor,
-                       oracle: torch.Tensor, plan: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
+                       oracle: torch.Tensor, plan: torch.Tensor, *, in_place: bool = False,
+                       lanes: torch.Tensor | None = None) -> torch.Tensor:
     """`steer_logits` (same arguments, the plan given) in one Triton kernel: what a steered draft
     forward costs on a GPU, where the tensor rule is some 30 small kernels that a benchmark would
     otherwise charge to the engine. positions / tokens: [bs, q] or [n];
     req_ids: [bs] or positions' shape; logits: positions' shape + [V].
 
     in_place: steer `logits` itself (contiguous; a steered draft's own fresh logits) and return
-    it; otherwise a contiguous copy is steered, as the tensor rule returns one."""
+    it; otherwise a contiguous copy is steered, as the tensor rule returns one.
+    lanes: [bs] int64, logits [bs, 1, V] are the rows of lane lanes[b] of positions / tokens
+    [bs, q] (a draft head's forward `at`): the rule of `steer_logits` on positions / tokens
+    gathered at the lanes, without the gathers."""
     if positions.dim() == 1:
         positions, tokens = positions[:, None], tokens[:, None]
+    if lanes is not None and (lanes.dtype != torch.int64 or lanes.shape != positions.shape[:1]
+                              or logits.shape[:-1] != (positions.shape[0], 1)):
+        raise ValueError(f"lanes must be int64 [{positions.shape[0]}] with logits [{positions.shape[0]}, 1, V], got "
+                         f"lanes {lanes.dtype} {tuple(lanes.shape)}, logits {tuple(logits.shape)}")
     r = _request_of_each_row(req_ids, positions)
     if in_place and not logits.is_contiguous():
         raise ValueError(f"steer_logits_fused(in_place=True) needs contiguous logits, got strides {logits.stride()}")
@@ -191,10 +205,11 @@ def steer_logits_fused(logits: torch.Tensor, req_ids: torch.Tensor, positions: t
     flat = out.view(-1, vocab)
     if flat.shape[0]:
         _steer_kernel[(flat.shape[0],)](
-            flat, r, positions, tokens, oracle, plan, positions.shape[1], oracle.shape[1] - 1,
+            flat, r, positions, tokens, positions if lanes is None else lanes, oracle, plan, positions.shape[1],
+            oracle.shape[1] - 1,
             flat.stride(0), *r.stride(), *positions.stride(), *tokens.stride(), oracle.stride(0), plan.stride(0),
             VOCAB=vocab, BLOCK=STEER_BLOCK, WIDE=out.dtype == torch.float64, TO_BF16=out.dtype == torch.bfloat16,
-            num_warps=STEER_WARPS)
+            LANES=lanes is not None, num_warps=STEER_WARPS)
     return out
 
 
@@ -220,14 +235,18 @@ class SteeredDraft:
     def device(self) -> torch.device:
         return self.inner.device
 
-    def compute_logits(self, cache, batch, features) -> tuple[torch.Tensor, torch.Tensor]:
+    def compute_logits(self, cache, batch, features, *, at=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's `compute_logits` (`at`: its one lane per request), steered."""
         if batch.req_ids is None:
             raise ValueError("SteeredDraft needs Batch.req_ids (the engine fills it in every draft call)")
-        logits, hidden = self.inner.compute_logits(cache, batch, features)
+        logits, hidden = self.inner.compute_logits(cache, batch, features, at=at)
         if logits.is_cuda:          # one kernel, in place: the knob should cost a benchmark next to nothing
             return steer_logits_fused(logits, batch.req_ids, batch.positions, batch.input_ids, self.oracle,
-                                      self.plan, in_place=logits.is_contiguous()), hidden
-        return steer_logits(logits, batch.req_ids, batch.positions, batch.input_ids, self.oracle,
+                                      self.plan, in_place=logits.is_contiguous(), lanes=at), hidden
+        positions, tokens = batch.positions, batch.input_ids
+        if at is not None:          # the rows the logits are of
+            positions, tokens = positions.gather(1, at[:, None]), tokens.gather(1, at[:, None])
+        return steer_logits(logits, batch.req_ids, positions, tokens, self.oracle,
                             self.agreement, self.seed, plan=self.plan), hidden
 
     def deliver(self, logits: torch.Tensor, hidden: torch.Tensor):
@@ -236,8 +255,8 @@ class SteeredDraft:
     def hidden_states(self, cache, batch, features) -> torch.Tensor:
         return self.inner.hidden_states(cache, batch, features)      # no logits, nothing to steer
 
-    def forward(self, cache, batch, features):
-        return self.deliver(*self.compute_logits(cache, batch, features))
+    def forward(self, cache, batch, features, *, at=None):
+        return self.deliver(*self.compute_logits(cache, batch, features, at=at))
 
 
 def draft_region(spec) -> int:
