@@ -272,8 +272,13 @@ def test_fused_steering_of_one_lane_per_request_is_the_rule_on_those_lanes(per_r
     mine = logits.clone()
     steer_logits_fused(mine, req_ids, positions, tokens, oracle, plan, in_place=True, lanes=lanes)
     torch.testing.assert_close(mine, want, rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"lanes must be int64 \[6\] with logits \[6, 1, V\]"):
-        steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan, lanes=lanes.int())
+    strided = torch.stack([lanes, lanes.flip(0)], 1)[:, 0]                 # the lanes through a stride of 2
+    assert strided.stride(0) == 2
+    torch.testing.assert_close(steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan, lanes=strided),
+                               want, rtol=0, atol=0)
+    for bad in (lanes.int(), lanes[:5], lanes[:, None]):
+        with pytest.raises(ValueError, match=r"lanes must be int64 \[6\] with logits \[6, 1, V\]"):
+            steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan, lanes=bad)
     with pytest.raises(ValueError, match=r"lanes must be int64 \[6\] with logits \[6, 1, V\]"):
         steer_logits_fused(logits.expand(-1, 2, -1), req_ids, positions, tokens, oracle, plan, lanes=lanes)
 
@@ -315,13 +320,16 @@ def test_forward_at_one_lane_per_request_returns_that_lanes_rows(logits_dtype, s
     for b in range(bs):
         oracle[b, 2 - (b == 1):2 - (b == 1) + q] = tokens[b]
         oracle[b, 2 - (b == 1) + q] = (tokens[b, -1] + 5) % cfg.vocab_size
-    steered = SteeredDraft(models.draft, oracle, 1.0, seed)
-    s_whole, s_one = run(steered, None)[0], run(steered, at)[0]
+    # The tensor rule (the CPU's) and the kernel (a GPU's, interpreted here), each against the
+    # tensor rule's whole forward.
+    s_whole = run(SteeredDraft(models.draft, oracle, 1.0, seed, fused=False), None)[0]
     want = s_whole.logits[ar, at].double() * s_whole.scale[ar, at].double()
-    assert_close(s_one.logits[:, 0].double() * s_one.scale[:, 0].double(), want, ("float64", logits_dtype),
-                 "steered logits at the lanes")
-    assert torch.equal(s_one.logits[:, 0].float().argmax(-1), oracle[ar, at + torch.tensor([3, 2, 3])]), \
-        "each lane proposes the oracle's next token"
+    for fused in (False, True):
+        s_one = run(SteeredDraft(models.draft, oracle, 1.0, seed, fused=fused), at)[0]
+        assert_close(s_one.logits[:, 0].double() * s_one.scale[:, 0].double(), want, ("float64", logits_dtype),
+                     f"steered logits at the lanes (fused={fused})")
+        assert torch.equal(s_one.logits[:, 0].float().argmax(-1), oracle[ar, at + torch.tensor([3, 2, 3])]), \
+            f"each lane proposes the oracle's next token (fused={fused})"
     for bad in (at.int(), at[:2], at[:, None]):
         with pytest.raises(ValueError, match=r"at must be an int64 \[3\] tensor"):
             run(models.draft, bad)

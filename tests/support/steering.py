@@ -136,7 +136,7 @@ def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.T
 
 @triton.jit
 def _steer_kernel(logits_ptr, req_ptr, pos_ptr, tok_ptr, lanes_ptr, oracle_ptr, plan_ptr, q, ctx,
-                  s_lr, s_rb, s_rq, s_pb, s_pq, s_tb, s_tq, s_oracle, s_plan,
+                  s_lr, s_rb, s_rq, s_pb, s_pq, s_tb, s_tq, s_lane, s_oracle, s_plan,
                   VOCAB: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr, TO_BF16: tl.constexpr,
                   LANES: tl.constexpr):
     """One program per logits row: `steer_logits`'s rule for that row, in place. One pass for the
@@ -145,7 +145,7 @@ def _steer_kernel(logits_ptr, req_ptr, pos_ptr, tok_ptr, lanes_ptr, oracle_ptr, 
     row = tl.program_id(0)
     if LANES:
         b = row
-        j = tl.load(lanes_ptr + b)
+        j = tl.load(lanes_ptr + b * s_lane)
     else:
         b = row // q
         j = row % q
@@ -207,7 +207,8 @@ def steer_logits_fused(logits: torch.Tensor, req_ids: torch.Tensor, positions: t
         _steer_kernel[(flat.shape[0],)](
             flat, r, positions, tokens, positions if lanes is None else lanes, oracle, plan, positions.shape[1],
             oracle.shape[1] - 1,
-            flat.stride(0), *r.stride(), *positions.stride(), *tokens.stride(), oracle.stride(0), plan.stride(0),
+            flat.stride(0), *r.stride(), *positions.stride(), *tokens.stride(), 0 if lanes is None else lanes.stride(0),
+            oracle.stride(0), plan.stride(0),
             VOCAB=vocab, BLOCK=STEER_BLOCK, WIDE=out.dtype == torch.float64, TO_BF16=out.dtype == torch.bfloat16,
             LANES=lanes is not None, num_warps=STEER_WARPS)
     return out
@@ -217,8 +218,11 @@ class SteeredDraft:
     """A draft model that steers `inner` (a `DraftHead`, or anything with `compute_logits` and
     `deliver`) by `steer_logits` with a fixed oracle. Same `forward` interface as the head."""
 
-    def __init__(self, inner, oracle: torch.Tensor, agreement: float, seed: int):
+    def __init__(self, inner, oracle: torch.Tensor, agreement: float, seed: int, *, fused: bool | None = None):
+        """fused: steer by the one-kernel `steer_logits_fused` (None: on CUDA; True on the CPU runs
+        it interpreted, as the tests do to check the wiring a GPU runs) or by the tensor rule."""
         self.agreement = check_agreement(agreement)
+        self.fused = fused
         if oracle.dtype != torch.int64 or oracle.dim() != 2:
             raise ValueError(f"oracle must be an int64 [requests, max_context + 1] tensor, got "
                              f"{oracle.dtype} {tuple(oracle.shape)}")
@@ -240,7 +244,7 @@ class SteeredDraft:
         if batch.req_ids is None:
             raise ValueError("SteeredDraft needs Batch.req_ids (the engine fills it in every draft call)")
         logits, hidden = self.inner.compute_logits(cache, batch, features, at=at)
-        if logits.is_cuda:          # one kernel, in place: the knob should cost a benchmark next to nothing
+        if logits.is_cuda if self.fused is None else self.fused:    # one kernel, in place: the knob costs next to nothing
             return steer_logits_fused(logits, batch.req_ids, batch.positions, batch.input_ids, self.oracle,
                                       self.plan, in_place=logits.is_contiguous(), lanes=at), hidden
         positions, tokens = batch.positions, batch.input_ids
