@@ -3,6 +3,8 @@ and the test-side steering wrapper of tests/support/steering.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -288,8 +290,10 @@ def test_forward_at_one_lane_per_request_returns_that_lanes_rows(logits_dtype, s
     """`forward(..., at=lanes)` (what a draft-extend runs: only its root's row is read) returns
     the rows of lane at[b] of the whole forward: logits, their scale and the hidden state, within
     the tolerance table (the lm_head's matmul has another shape), and writes every live lane's
-    K/V, bit for bit as the whole forward. Steered, the rows are the steered whole forward's."""
-    models = build_models("tiny", seed=seed % 1000, compute_dtype="float64", logits_dtype=logits_dtype, device="cpu")
+    K/V, bit for bit as the whole forward. Steered, the rows are the steered whole forward's, by the
+    tensor rule and by the kernel (interpreted on the CPU, compiled on a GPU)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    models = build_models("tiny", seed=seed % 1000, compute_dtype="float64", logits_dtype=logits_dtype, device=dev)
     cfg = models.config
     g = torch.Generator().manual_seed(seed)
     bs, q = 3, 4
@@ -302,10 +306,14 @@ def test_forward_at_one_lane_per_request_returns_that_lanes_rows(logits_dtype, s
         rows = [cache.table.alloc_row() for _ in range(bs)]
         for r in rows:
             cache.table.reserve(r, 2 + q)
+        cache.table.flush()
         batch = draft_batch(rows, [2, 1, 2], tokens)
         batch.req_ids = torch.arange(bs)
-        out = draft.forward(cache, batch, feats, at=lanes)
-        return out, cache.draft_kv.stacked.clone()
+        batch = dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
+                                              if torch.is_tensor(getattr(batch, f.name))})
+        out = draft.forward(cache, batch, feats.to(dev), at=None if lanes is None else lanes.to(dev))
+        return dataclasses.replace(out, **{f.name: getattr(out, f.name).cpu() for f in dataclasses.fields(out)
+                                           if torch.is_tensor(getattr(out, f.name))}), cache.draft_kv.stacked.cpu()
 
     whole, kv_whole = run(models.draft, None)
     one, kv_one = run(models.draft, at)
@@ -383,8 +391,6 @@ class RecordingDraft:
 
 @pytest.mark.parametrize("static", [False, True], ids=["live-shapes", "padded-buckets"])
 def test_engine_passes_request_ids_in_every_draft_call(static):
-    import dataclasses
-
     from specverify.engine.requests import new_requests
     from specverify.engine.sampling import SamplingParams
     from specverify.engine.speculative import SpecConfig, SpecDecoder
