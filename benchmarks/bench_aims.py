@@ -226,6 +226,14 @@ def aims_rows(small: dict, medium: dict | None, peak: float | None) -> tuple[lis
     return rows, errors
 
 
+def _forwards(small: dict | None, medium: dict | None):
+    """(preset, cycle name, the preset's results, that cycle's forwards figures) of each measured preset."""
+    for preset, res in (("small", small), ("medium", medium)):
+        if res is not None:
+            for name, f in res["forwards"].items():
+                yield preset, name, res, f
+
+
 def detail_rows(res: dict, preset: str) -> list:
     rows = []
     for key, r in res.items():
@@ -295,13 +303,10 @@ def main(argv=None) -> int:
               "writes the same bytes once each (its TB/s counts both)."]
     lines += ["", "## The forwards alone (bs 1, one graph, measured on this device)", ""]
     rows = []
-    for preset, res in (("small", small), ("medium", medium)):
-        if res is None:
-            continue
-        for name, f in res["forwards"].items():
-            step = _ms(res[("target", 1)])
-            rows.append([preset, name, f"{f['target_ms']:.3f}", _f(step, "{:.3f}"), f"{f['cycle_ms']:.3f}",
-                         f"{_f(_ratio(f['cycle_ms'], step))}x", f"{_f(_ratio(f['cycle_ms'], f['target_ms']))}x"])
+    for preset, name, res, f in _forwards(small, medium):
+        step = _ms(res[("target", 1)])
+        rows.append([preset, name, f"{f['target_ms']:.3f}", _f(step, "{:.3f}"), f"{f['cycle_ms']:.3f}",
+                     f"{_f(_ratio(f['cycle_ms'], step))}x", f"{_f(_ratio(f['cycle_ms'], f['target_ms']))}x"])
     lines += table(["preset", "cycle", "target forward alone, ms", "target-only step, ms",
                     "the cycle's forwards alone, ms", "floor of cycle / target step",
                     "the same on the device alone (over the target forward alone)"], rows)
@@ -313,14 +318,9 @@ def main(argv=None) -> int:
               "Over the target forward alone, the same ratio without any host time: what the cycle / target-step "
               "ratio tends to as the host's share of both steps shrinks."]
     lines += ["", "## What a draft forward cannot cost less than (bs 1, one graph each, ms)", ""]
-    rows = []
-    for preset, res in (("small", small), ("medium", medium)):
-        if res is None:
-            continue
-        for name, f in res["forwards"].items():
-            rows.append([preset, name, f"{f['target_ms']:.3f}", f"{f['verify_ms']:.3f}", f"{f['draft_step_ms']:.3f}",
-                         f"{f['layer_ms']:.3f}", f"{f['fc_ms']:.3f}", f"{f['lm_head_ms']:.3f}",
-                         f"{f['least_cycle_ms']:.3f}", f"{_f(_ratio(f['least_cycle_ms'], f['target_ms']))}x"])
+    rows = [[preset, name, f"{f['target_ms']:.3f}", f"{f['verify_ms']:.3f}", f"{f['draft_step_ms']:.3f}",
+             f"{f['layer_ms']:.3f}", f"{f['fc_ms']:.3f}", f"{f['lm_head_ms']:.3f}", f"{f['least_cycle_ms']:.3f}",
+             f"{_f(_ratio(f['least_cycle_ms'], f['target_ms']))}x"] for preset, name, _, f in _forwards(small, medium)]
     lines += table(["preset", "cycle", "target forward", "verify forward", "a draft step's forward",
                     "one target layer (1 token)", "fc matmul", "lm_head matmul",
                     "verify + S x (layer + fc + lm_head)", "the same over the target forward"], rows)
