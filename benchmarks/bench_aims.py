@@ -122,17 +122,12 @@ def forward_floors(models, spec: SpecConfig) -> dict:
     # What a draft forward cannot cost less than while its layer is built as the target's: one
     # target decoder layer over one token (the draft head's layer runs the same kernels), its fc
     # matmul ([1, 2H] @ fc) and the lm_head matmul ([1, H] @ lm_head, the full vocabulary).
-    w, a = target.w, target.attn_layers[0]
     x = torch.zeros((1, 1, cfg.hidden_size), dtype=target.dtype, device=target.device)
     x2 = torch.zeros((1, 2 * cfg.hidden_size), dtype=target.dtype, device=target.device)
     plan1 = layers.plan_attention(plain, cache.table.req_to_token, target.rotary, target.dtype)
 
-    def target_layer():
-        n, h = layers.add_rmsnorm(x, None, w[f"layers.{a}.attn_norm"], cfg.norm_eps)
-        mixed = layers.attention(n, w, f"layers.{a}", plain, cache.kv.k[0], cache.kv.v[0], cache.table.req_to_token,
-                                 plan1, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
-        n, h = layers.add_rmsnorm(h, mixed, w[f"layers.{a}.mlp_norm"], cfg.norm_eps)
-        layers.swiglu_mlp(n, w, f"layers.{a}")
+    def target_layer():       # the first attention layer, as the target's forward runs it (a residual to add)
+        target.decoder_layer(target.attn_layers[0], x, x, cache, plain, plan1)
 
     out = {"target_ms": graph_ms(target_forward, reps=4), "cycle_ms": graph_ms(cycle_forwards, reps=4),
            "verify_ms": graph_ms(verify_forward, reps=4), "draft_step_ms": graph_ms(draft_step, reps=8),

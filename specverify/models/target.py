@@ -97,21 +97,8 @@ class TargetModel:
                                       cfg.rec_value_dim))
             conv_states = h.new_empty((len(self.rec_layers), bs, q, cfg.rec_conv_width - 1, cfg.rec_channels))
         pending = None      # the last sublayer's output, added to h by the next fused add + norm
-        for i, kind in enumerate(cfg.layer_kinds):
-            p = f"layers.{i}"
-            n, h = layers.add_rmsnorm(h, pending, w[f"{p}.attn_norm"], cfg.norm_eps)
-            if kind == "attention":
-                a = self.attn_layers.index(i)
-                mixed = layers.attention(n, w, p, batch, cache.kv.k[a], cache.kv.v[a], cache.table.req_to_token,
-                                         plan, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                                         head_dim=cfg.head_dim)
-            else:
-                r = self.rec_layers.index(i)
-                mixed = layers.recurrent(n, w, p, batch, cache.states.state[r], cache.states.conv[r],
-                                         inter=rec_states[r], conv_inter=conv_states[r], num_heads=cfg.num_rec_heads,
-                                         key_dim=cfg.rec_key_dim, value_dim=cfg.rec_value_dim)
-            n, h = layers.add_rmsnorm(h, mixed, w[f"{p}.mlp_norm"], cfg.norm_eps)
-            pending = layers.swiglu_mlp(n, w, p)
+        for i in range(cfg.num_layers):
+            h, pending = self.decoder_layer(i, h, pending, cache, batch, plan, rec_states, conv_states)
         if commit_state and rec_states is not None:
             # Each layer read only its own committed state above, so all commit here at once: the
             # state after each request's last new token (a lane without new tokens commits nothing).
@@ -122,3 +109,24 @@ class TargetModel:
         logits = n @ w["lm_head"]
         values, scale = deliver_logits(logits, cfg)
         return ForwardOutput(values, scale, h, rec_states, conv_states)
+
+    def decoder_layer(self, i: int, h: torch.Tensor, pending: torch.Tensor | None, cache: ModelCache,
+                      batch: layers.Batch, plan: layers.AttentionPlan, rec_states: torch.Tensor | None = None,
+                      conv_states: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i of `forward` over the residual stream h [bs, q, H] and the previous layer's MLP
+        output `pending` (None: nothing to add): (the stream with pending added, this layer's MLP
+        output). A recurrent layer writes its states into rec_states / conv_states."""
+        cfg, w, p = self.config, self.w, f"layers.{i}"
+        n, h = layers.add_rmsnorm(h, pending, w[f"{p}.attn_norm"], cfg.norm_eps)
+        if cfg.layer_kinds[i] == "attention":
+            a = self.attn_layers.index(i)
+            mixed = layers.attention(n, w, p, batch, cache.kv.k[a], cache.kv.v[a], cache.table.req_to_token,
+                                     plan, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                                     head_dim=cfg.head_dim)
+        else:
+            r = self.rec_layers.index(i)
+            mixed = layers.recurrent(n, w, p, batch, cache.states.state[r], cache.states.conv[r],
+                                     inter=rec_states[r], conv_inter=conv_states[r], num_heads=cfg.num_rec_heads,
+                                     key_dim=cfg.rec_key_dim, value_dim=cfg.rec_value_dim)
+        n, h = layers.add_rmsnorm(h, mixed, w[f"{p}.mlp_norm"], cfg.norm_eps)
+        return h, layers.swiglu_mlp(n, w, p)

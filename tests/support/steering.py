@@ -53,6 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specverify.models.layers import lane_rows
+
 PEAK_MARGIN = 8.0   # logit margin that makes the steered token the unambiguous top choice
 _MARGIN = tl.constexpr(PEAK_MARGIN)
 STEER_BLOCK = 4096  # vocabulary entries per block of the fused steering kernel (its max pass)
@@ -244,12 +246,13 @@ class SteeredDraft:
         if batch.req_ids is None:
             raise ValueError("SteeredDraft needs Batch.req_ids (the engine fills it in every draft call)")
         logits, hidden = self.inner.compute_logits(cache, batch, features, at=at)
-        if logits.is_cuda if self.fused is None else self.fused:    # one kernel, in place: the knob costs next to nothing
+        fused = logits.is_cuda if self.fused is None else self.fused
+        if fused:                   # one kernel, in place: the knob should cost a benchmark next to nothing
             return steer_logits_fused(logits, batch.req_ids, batch.positions, batch.input_ids, self.oracle,
                                       self.plan, in_place=logits.is_contiguous(), lanes=at), hidden
         positions, tokens = batch.positions, batch.input_ids
         if at is not None:          # the rows the logits are of
-            positions, tokens = positions.gather(1, at[:, None]), tokens.gather(1, at[:, None])
+            positions, tokens = lane_rows(positions, at), lane_rows(tokens, at)
         return steer_logits(logits, batch.req_ids, positions, tokens, self.oracle,
                             self.agreement, self.seed, plan=self.plan), hidden
 
