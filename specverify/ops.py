@@ -208,7 +208,8 @@ def _check_kv_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def paged_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                     rows: torch.Tensor, kv_lens: torch.Tensor, q_lens: torch.Tensor, tree_mask: torch.Tensor,
-                    region: int = 0, scale: float | None = None, impl: str = "auto") -> torch.Tensor:
+                    region: int = 0, scale: float | None = None, impl: str = "auto",
+                    tensor_cores: bool = False) -> torch.Tensor:
     """Attention of new queries over the paged KV cache -> [N, Q, num_heads, head_dim] float32.
 
     q: [N, Q, num_heads, head_dim] (float32 / float16 / bfloat16); k_cache, v_cache: [num_slots,
@@ -220,6 +221,9 @@ def paged_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     tree_mask[b, j, r] (r < region + q_lens[b]). Padded lanes (j >= q_lens[b]) and queries that see
     no key give zeros; nothing at t >= L_b is read. scale: default 1/sqrt(head_dim). float32
     accumulation. impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere).
+    tensor_cores: the Triton kernel takes its products on the TF32 tensor cores where they stay
+    exact (bfloat16 / float16 on NVIDIA; docs/semantics.md 6.20), for rows no other launch must
+    round alike (a draft head's); elsewhere it changes nothing.
     The value checks (lengths, slots) read the device, so they are skipped inside a CUDA-graph capture;
     an engine's hot path calls `kernels.attention.paged_attention_impl` (no checks, same code), as it
     calls `draft_topk` rather than `select_draft_topk`.
@@ -255,6 +259,8 @@ def paged_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         raise TypeError(f"scale must be a float > 0 or None, got {type(scale).__name__}")
     elif not (0 < float(scale) < float("inf")):
         raise ValueError(f"scale must be finite and > 0, got {scale}")
+    if not isinstance(tensor_cores, bool):
+        raise TypeError(f"tensor_cores must be a bool, got {type(tensor_cores).__name__}")
     if n and not capturing(q.device):
         max_context, num_slots = req_to_token.shape[1], k_cache.shape[0]
         if bool(((rows < 0) | (rows >= req_to_token.shape[0])).any()):
@@ -272,7 +278,7 @@ def paged_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         if bool(((live_slots < 0) | (live_slots >= num_slots)).any()):
             raise ValueError(f"req_to_token entries of live cache indices must be slots in [0, {num_slots})")
     return paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region,
-                                float(scale), impl=impl)
+                                float(scale), impl=impl, tensor_cores=tensor_cores)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The attention kernels' two products (docs/semantics.md 6.20): every product of two inputs exact,
-every sum a float32 sum, and the paged and the indexed kernel computing a row they share alike.
+every sum a float32 sum, and the paged and the indexed kernel computing a row they share alike. The
+paged kernel's tensor-core mode (`tensor_cores=True`, a draft head's attention: TF32 products, the
+probabilities split in two) is held to the same bound, and only the draft head may ask for it.
 
 The bugs of this class are silent: probabilities rounded to the cache's dtype (or to TF32 on tensor
 cores) before P.V, or two kernels that round one row differently. The registry's per-dtype
@@ -20,8 +22,11 @@ import pytest
 import torch
 
 import reference
+from specverify import build_models, ops
 from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
+from specverify.kernels.launch import TF32_FRACTION_BITS, tf32_exact
+from specverify.models import Batch, chain_mask, layers
 
 pytestmark = pytest.mark.kernels
 
@@ -73,11 +78,11 @@ def _float32_bound(q, k, v, table, scale) -> np.ndarray:
     return out
 
 
-def _paged(q, k, v, table, scale, impl):
+def _paged(q, k, v, table, scale, impl, tensor_cores=False):
     n = torch.tensor(CONTEXT) - 1                                     # kv_lens: every key but the query's own
     args = [t.to(DEV) for t in (q, k, v, table, torch.arange(BS), n, torch.ones(BS, dtype=torch.int64),
                                 torch.ones((BS, 1, 1), dtype=torch.bool))]
-    return paged_attention_impl(*args, 0, scale, impl=impl).cpu()[:, 0]          # [BS, NH, HD]
+    return paged_attention_impl(*args, 0, scale, impl=impl, tensor_cores=tensor_cores).cpu()[:, 0]   # [BS, NH, HD]
 
 
 def _indexed(q, k, v, table, scale):
@@ -102,7 +107,9 @@ def test_products_are_exact_and_sums_float32(dtype, seed, scale):
     q, k, v, table = _inputs(dtype, seed)
     want = _reference(q, k, v, table, scale)
     bound = _float32_bound(q, k, v, table, scale)[:, :, None]
-    for name, got in (("paged", _paged(q, k, v, table, scale, "triton")), ("indexed", _indexed(q, k, v, table, scale))):
+    for name, got in (("paged", _paged(q, k, v, table, scale, "triton")),
+                      ("paged on tensor cores", _paged(q, k, v, table, scale, "triton", tensor_cores=True)),
+                      ("indexed", _indexed(q, k, v, table, scale))):
         err = np.abs(got.double().numpy() - want)
         worst = np.unravel_index(np.argmax(err / bound), err.shape)
         assert (err <= bound).all(), (f"{name} attention, {dtype}: error {err[worst]:.3g} at {worst} over the float32 "
@@ -118,18 +125,79 @@ def test_a_verify_row_rounds_as_the_decode_row(dtype):
     assert torch.equal(_indexed(q, k, v, table, scale), _paged(q, k, v, table, scale, "triton"))
 
 
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["fma", "tensor-cores"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_a_chain_verify_row_rounds_as_the_decode_row(dtype):
+def test_a_chain_verify_row_rounds_as_the_decode_row(dtype, tensor_cores):
     """EAGLE's verify (the paged kernel over 4 chained queries) and target-only decoding (the paged
-    kernel over one) give the last query's row bit for bit: the same keys, another launch shape."""
+    kernel over one) give the last query's row bit for bit: the same keys, another launch shape.
+    On the tensor cores too (a draft-extend's row and a draft step's: one kernel)."""
     _, k, v, table = _inputs(dtype, 4)
     q = (torch.randn((1, 4, NH, HD), generator=torch.Generator().manual_seed(5)) * 0.5).to(dtype)
     n, scale = CONTEXT[0], HD ** -0.5
     one = torch.ones(1, dtype=torch.int64)
     decode = paged_attention_impl(*(t.to(DEV) for t in (q[:, 3:], k, v, table[:1], one * 0, one * (n - 1), one,
                                                        torch.ones((1, 1, 1), dtype=torch.bool))), 0, scale,
-                                  impl="triton").cpu()[0, 0]
+                                  impl="triton", tensor_cores=tensor_cores).cpu()[0, 0]
     verify = paged_attention_impl(*(t.to(DEV) for t in (q, k, v, table[:1], one * 0, one * (n - 4), one * 4,
                                                        torch.tril(torch.ones((1, 4, 4), dtype=torch.bool)))), 0, scale,
-                                  impl="triton").cpu()[0, 3]
+                                  impl="triton", tensor_cores=tensor_cores).cpu()[0, 3]
     assert torch.equal(verify, decode)
+
+
+def _fits_tf32(x: torch.Tensor) -> bool:
+    """Every float32 value of x keeps its value with the fraction bits TF32 lacks cleared."""
+    return bool(((x.view(torch.int32) & ((1 << (23 - TF32_FRACTION_BITS)) - 1)) == 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_tf32_is_taken_only_where_every_value_fits_it(dtype):
+    """The choice against the dtype's own extremes: its largest value, its smallest normal and
+    subnormal, and the values with every fraction bit set (+-(2 - eps)). float64 does not fit
+    float32's exponent range at all."""
+    fi = torch.finfo(dtype)
+    extremes = torch.tensor([fi.max, fi.smallest_normal, fi.smallest_normal * fi.eps, 2 - fi.eps, -(2 - fi.eps)],
+                            dtype=torch.float64).to(dtype)
+    wide = extremes.float()
+    fits = bool(torch.isfinite(wide).all()) and bool((wide.double() == extremes.double()).all()) and _fits_tf32(wide)
+    assert tf32_exact(dtype, "cuda") == fits, f"{dtype}: TF32 products would {'be' if fits else 'not be'} exact"
+    assert not tf32_exact(dtype, "hip"), "a ROCm build keeps IEEE float32 products (Triton has no TF32 dot there)"
+
+
+def test_only_the_draft_head_asks_for_the_tensor_cores(monkeypatch):
+    """The target's attention (prefill, decode, verify) keeps the FMA units, so its rows round as
+    the indexed kernel's; the draft head's takes the tensor cores. Read off the engine's own calls."""
+    calls = []
+    real = layers.paged_attention_impl
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("tensor_cores", False))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(layers, "paged_attention_impl", spy)
+    models = build_models("tiny", seed=3, device="cpu")
+    cfg = models.config
+    cache = models.target.new_cache(max_requests=1)
+    row = cache.table.alloc_row()
+    cache.table.reserve(row, 4)
+    mask, parents = chain_mask(1, 4, "cpu")
+    kv = torch.zeros(1, dtype=torch.int64)
+    batch = Batch(torch.arange(4)[None, :], torch.arange(4)[None, :], torch.tensor([row]), kv, torch.full((1,), 4),
+                  mask, parents)
+    models.target.forward(cache, batch)
+    assert calls == [False] * cfg.num_layers, f"the target's layers asked for tensor cores: {calls}"
+    calls.clear()
+    models.draft.forward(cache, batch, torch.zeros((1, 4, cfg.hidden_size)))
+    assert calls == [True], f"the draft head's attention calls: {calls}"
+
+
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["fma", "tensor-cores"])
+def test_the_op_hands_its_product_mode_to_the_kernel(tensor_cores):
+    """`ops.paged_attention` (the registry's record of the draft head's call) gives what the kernel
+    gives in the mode asked for, bit for bit: the checks in front of the kernel change nothing."""
+    q, k, v, table = _inputs(torch.bfloat16, 6)
+    scale = HD ** -0.5
+    n = torch.tensor(CONTEXT) - 1
+    args = dict(q=q, k_cache=k, v_cache=v, req_to_token=table, rows=torch.arange(BS), kv_lens=n,
+                q_lens=torch.ones(BS, dtype=torch.int64), tree_mask=torch.ones((BS, 1, 1), dtype=torch.bool))
+    got = ops.paged_attention(**{name: t.to(DEV) for name, t in args.items()}, scale=scale, impl="triton",
+                              tensor_cores=tensor_cores).cpu()[:, 0]
+    assert torch.equal(got, _paged(q, k, v, table, scale, "triton", tensor_cores=tensor_cores))

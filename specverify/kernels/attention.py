@@ -13,6 +13,14 @@ Triton: grid (requests, kv heads); one program holds the group's heads x query l
 loop bound being L_b read from the device tensors (a captured graph costs the live lengths).
 float32 accumulation; the output is float32 [N, Q, num_heads, head_dim] (float64 queries: the torch
 path in float64).
+
+The two products (docs/semantics.md 6.20): every product of two inputs is exact and every sum a
+float32 sum. By default they run on the FMA units (`input_precision="ieee"`), as the indexed kernel's
+do, so a row the two kernels share rounds alike. `tensor_cores=True` (a draft head's rows, which no
+other launch must match) takes them on the TF32 tensor cores where that keeps them exact
+(`launch.tf32_exact`: bfloat16 / float16 on NVIDIA): Q.K as it is (the inputs fit TF32), P.V as two
+products, P's TF32 part and its float32 rest, each exact. On an H100 at decode sizes that halves the
+call (benchmarks/results/attn_dot_modes-*.md).
 """
 
 from __future__ import annotations
@@ -21,12 +29,31 @@ import torch
 import triton
 import triton.language as tl
 
-from specverify.kernels.launch import check_launchable, pick_impl
+from specverify.kernels.launch import TF32_LOW_BITS, check_launchable, pick_impl, tf32_exact
 
 BLOCK_N = 64        # cache indices per KV block of the Triton kernel (32: 0.33 TB/s, 64: 0.54 TB/s at
                     # 8K context, bs 64, decode, H100; benchmarks/results/device_cycle-*.md)
 NUM_WARPS = 4
 NUM_STAGES = 3      # Triton's defaults
+TF32_KEEP = tl.constexpr(0xFFFFFFFF & ~TF32_LOW_BITS)   # the bits of a float32 that a TF32 operand keeps
+
+
+@triton.jit
+def _scores(q, k, TF32: tl.constexpr):
+    """q [M, D] . k [N, D]^T, float32, every product exact (on TF32 only where q and k fit it)."""
+    if TF32:
+        return tl.dot(q, tl.trans(k), input_precision="tf32")
+    return tl.dot(q, tl.trans(k), input_precision="ieee")
+
+
+@triton.jit
+def _weighted_values(p, v, TF32: tl.constexpr):
+    """p [M, N] float32 . v [N, D], float32, every product exact. On TF32 (v fits it, p does not),
+    p is its TF32 part (the low fraction bits cleared) plus the float32 rest: two exact products."""
+    if TF32:
+        p_tf32 = (p.to(tl.uint32, bitcast=True) & TF32_KEEP).to(tl.float32, bitcast=True)
+        return tl.dot(p_tf32, v, input_precision="tf32") + tl.dot(p - p_tf32, v, input_precision="tf32")
+    return tl.dot(p, v, input_precision="ieee")
 
 
 @triton.jit
@@ -39,7 +66,7 @@ def _paged_attention_kernel(
     s_ob, s_oj, s_oh, s_od,
     s_tr, s_tt,
     s_mb, s_mj, s_mr,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TF32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -73,14 +100,14 @@ def _paged_attention_kernel(
         tree = tl.load(mask_ptr + b * s_mb + j[:, None] * s_mj + r[None, :] * s_mr,
                        mask=row_live[:, None] & in_region[None, :], other=0)
         seen = row_live[:, None] & (((r < 0)[None, :] & key_live[None, :]) | (tree != 0))
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        s = _scores(q, k, TF32) * scale
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.where(seen, tl.exp(s - m_safe[:, None]), 0.0)
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        acc = acc * alpha[:, None] + _weighted_values(p, v, TF32)
         m_i = m_new
     denom = tl.where(l_i > 0, l_i, 1.0)
     out = tl.where((l_i > 0)[:, None], acc / denom[:, None], 0.0)
@@ -129,11 +156,15 @@ def _acc_dtype(q: torch.Tensor) -> torch.dtype:
 
 def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_lens, tree_mask, region, scale,
                          impl: str = "auto", block_n: int = BLOCK_N, out_dtype: torch.dtype | None = None,
-                         num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES) -> torch.Tensor:
+                         num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
+                         tensor_cores: bool = False) -> torch.Tensor:
     """The kernel wrapper behind `specverify.ops.paged_attention` (inputs already checked).
     tree_mask: bool or int8 (the engine converts it once per forward, not per layer).
     out_dtype: the Triton path's output dtype (default float32): the kernel rounds its float32
     result once on the store, as `.to(out_dtype)` would, without a separate cast kernel.
+
+    tensor_cores: the Triton path's products on the TF32 tensor cores where they stay exact (q's
+    dtype bfloat16 / float16, an NVIDIA build); elsewhere, and on the torch path, it changes nothing.
 
     float64 queries always take the torch path (the Triton kernel accumulates in float32); on a
     GPU that path reads the longest live length back, so it is a precision mode, not a fast one."""
@@ -158,5 +189,6 @@ def paged_attention_impl(q, k_cache, v_cache, req_to_token, rows, kv_lens, q_len
         region, nq, group, float(scale),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *req_to_token.stride(),
         *mask.stride(),
-        HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+        HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_N=block_n, TF32=tensor_cores and tf32_exact(q.dtype),
+        num_warps=num_warps, num_stages=num_stages)
     return out

@@ -15,9 +15,31 @@ tests/expectations/all.toml, under a condition probed at start-up (tests/matrix/
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 IMPLS = ("auto", "triton", "torch")
+
+# A TF32 tensor-core operand keeps float32's sign, its 8 exponent bits and the top 10 of its 23
+# fraction bits; the low 13 fraction bits are these.
+TF32_FRACTION_BITS = 10
+TF32_LOW_BITS = (1 << (23 - TF32_FRACTION_BITS)) - 1
+
+
+def gpu_backend() -> str:
+    """The GPU backend the kernels are built for: "hip" under a ROCm build of torch, else "cuda"
+    (the Triton interpreter stands in for a CUDA GPU)."""
+    return "hip" if torch.version.hip else "cuda"
+
+
+def tf32_exact(dtype: torch.dtype, backend: str | None = None) -> bool:
+    """Whether a kernel built for `backend` (default: `gpu_backend()`) can take products of two
+    `dtype` values on the TF32 tensor cores and keep each product exact. NVIDIA ("cuda") only: no
+    TF32 dot on ROCm. The dtype's significand must fit TF32's (bfloat16 has 7 fraction bits,
+    float16 10, float32 23) and its exponent range TF32's (float32's, which both 16-bit ones fit)."""
+    fraction_bits = 1 - math.frexp(torch.finfo(dtype).eps)[1]          # eps == 2 ** -fraction_bits
+    return (backend or gpu_backend()) == "cuda" and fraction_bits <= TF32_FRACTION_BITS
 
 
 def check_tensor(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device | None) -> None:

@@ -3,7 +3,9 @@
 The head reads, for each new token, the token's embedding and a hidden feature (the target's
 final hidden state for the first draft step, the head's own output after that), fuses them with
 `fc`, runs one attention layer over its own KV buffers (sharing the target's slot table), applies
-its own final norm and the target's lm_head.
+its own final norm and the target's lm_head. Its attention takes its products on the TF32 tensor
+cores where they stay exact (`ops.paged_attention`'s `tensor_cores`): a draft's rows are proposals,
+which no other launch must round alike (docs/semantics.md 6.20).
 
 `forward` is the whole head. It is split in two so a wrapper can work on the compute-dtype
 logits before they are delivered in the logits dtype: `compute_logits` (the network) and
@@ -61,7 +63,8 @@ class DraftHead:
         table = cache.table.req_to_token
         mixed = layers.attention(n, w, "layer", batch, cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer],
                                  table, layers.plan_attention(batch, table, self.rotary, x.dtype),
-                                 num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+                                 num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                                 tensor_cores=True)
         n, x = layers.add_rmsnorm(x, mixed, w["layer.mlp_norm"], cfg.norm_eps)
         return x, layers.swiglu_mlp(n, w, "layer")
 

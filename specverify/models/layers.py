@@ -185,8 +185,11 @@ def fuse_qkv(w: dict, prefix: str) -> None:
 
 def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torch.Tensor,
               v_cache: torch.Tensor, req_to_token: torch.Tensor, plan: AttentionPlan, *, num_heads: int,
-              num_kv_heads: int, head_dim: int) -> torch.Tensor:
+              num_kv_heads: int, head_dim: int, tensor_cores: bool = False) -> torch.Tensor:
     # x: [bs, q, H] normed input; k_cache / v_cache: [slots, nkv, hd]; w holds `{prefix}.wqkv`.
+    # tensor_cores: the paged kernel's products on the TF32 tensor cores where they stay exact
+    # (`ops.paged_attention`): for a draft head, whose rows no other launch must round alike. The
+    # target's rows take the FMA units, as the indexed kernel does (docs/semantics.md 6.20).
     bs, q, _ = x.shape
     qkv = x @ w[f"{prefix}.wqkv"]
     if plan.rotary is None:
@@ -213,7 +216,7 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
     # the cost follows the live lengths (not max_context) also inside a captured graph. The kernel
     # stores its float32 result rounded to x's dtype (what `.to` would give).
     out = paged_attention_impl(qh, k_cache, v_cache, req_to_token, batch.rows, batch.kv_lens, batch.q_lens,
-                               plan.tree_mask, batch.region, scale, out_dtype=x.dtype)
+                               plan.tree_mask, batch.region, scale, out_dtype=x.dtype, tensor_cores=tensor_cores)
     return out.to(x.dtype).reshape(bs, q, num_heads * head_dim) @ w[f"{prefix}.wo"]
 
 

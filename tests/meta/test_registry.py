@@ -224,12 +224,12 @@ def test_kernel_block_sizes_are_straddled_by_boundary_samples():
     golden inputs from the kernel's constant."""
     from specverify.kernels import attention, draft_kv_indices, indexed_attention
     for b in R.attention.KV_BLOCK_SIZES:
-        for op in ("paged_attention", "paged_attention_triton", "decode_attention_indexed",
+        for op in ("paged_attention", "paged_attention_triton", "paged_attention_tensor_cores", "decode_attention_indexed",
                    "decode_attention_indexed_triton"):
             missing = {b - 1, b, b + 1} - _boundary_lengths(op)
             assert not missing, f"{op}: no boundary sample of length {sorted(missing)} around KV block size {b}"
     problems = []
-    for module, ops_ in ((attention, ("paged_attention", "paged_attention_triton")),
+    for module, ops_ in ((attention, ("paged_attention", "paged_attention_triton", "paged_attention_tensor_cores")),
                          (indexed_attention, ("decode_attention_indexed", "decode_attention_indexed_triton"))):
         if module.BLOCK_N not in R.attention.KV_BLOCK_SIZES:
             problems.append(f"{module.__name__}.BLOCK_N = {module.BLOCK_N} is not among the KV block sizes the "

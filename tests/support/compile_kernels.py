@@ -62,13 +62,15 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 
 def kernels() -> dict[str, JITFunction]:
-    """Every @triton.jit kernel defined in specverify.kernels."""
+    """Every @triton.jit kernel defined in specverify.kernels (a `_kernel` name: the other jit
+    functions are device functions the kernels call, compiled inside them)."""
     import specverify.kernels as package
     found = {}
     for info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"specverify.kernels.{info.name}")
         for value in vars(module).values():
-            if isinstance(value, JITFunction) and value.fn.__module__ == module.__name__:
+            if isinstance(value, JITFunction) and value.fn.__module__ == module.__name__ \
+                    and value.fn.__name__.endswith("_kernel"):
                 found[f"{module.__name__}.{value.fn.__name__}"] = value
     return found
 
@@ -80,7 +82,10 @@ def main(policy: str = "cuda") -> int:
     every = kernels()
     import specverify.kernels as package
     from specverify.kernels import launch
-    original = launch.pick_impl
+    original, tf32_exact = launch.pick_impl, launch.tf32_exact
+
+    def tf32_exact_on_target(dtype, backend=None):
+        return tf32_exact(dtype, TARGET.backend)      # TF32 products where the target backend has them
 
     def kernel_unless_torch(impl, device):
         original(impl, device)                        # the argument check
@@ -91,6 +96,8 @@ def main(policy: str = "cuda") -> int:
             module.check_launchable = lambda kernel, device: None
         if hasattr(module, "pick_impl"):              # "auto" takes the kernel, as on a GPU
             module.pick_impl = kernel_unless_torch
+        if hasattr(module, "tf32_exact"):
+            module.tf32_exact = tf32_exact_on_target
     from specverify.conformance.registry import REGISTRY
     from specverify.platform import get_profile
     profile = get_profile("cpu")

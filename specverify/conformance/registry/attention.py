@@ -87,9 +87,9 @@ def _ulp_keys(gen, shape):
     return base[None] * (1 + steps)
 
 
-def _attn_impl(which: str):
+def _attn_impl(which: str, tensor_cores: bool = False):
     def impl(s: SampleInput, profile) -> dict:
-        return {"out": ops.paged_attention(**s.args, impl=which)}
+        return {"out": ops.paged_attention(**s.args, impl=which, tensor_cores=tensor_cores)}
     return impl
 
 
@@ -135,10 +135,10 @@ def _attn_recipe(dtype: str):
                                region=t[2], page_size=t[3], lanes=3, garbage=t[4]))
 
 
-def _attn_errors(which: str):
+def _attn_errors(which: str, tensor_cores: bool = False):
     def call(**changes):
         s = _attn_sample("base", 0, "float32", [3, 2], [2, 1], region=1, heads=(4, 2))
-        return lambda: ops.paged_attention(**{**s.args, **changes}, impl=which)
+        return lambda: ops.paged_attention(**{"tensor_cores": tensor_cores, **s.args, **changes}, impl=which)
     base = _attn_sample("base", 0, "float32", [3, 2], [2, 1], region=1, heads=(4, 2)).args
 
     def errors():
@@ -168,6 +168,8 @@ def _attn_errors(which: str):
         yield ErrorInput("q-list", call(q=[1.0]), TypeError, "q must be a torch.Tensor", "q")
         yield ErrorInput("bad-impl", lambda: ops.paged_attention(**base, impl="cuda"), ValueError,
                          "impl must be one of", "impl")
+        yield ErrorInput("tensor-cores-int", call(tensor_cores=1), TypeError, "tensor_cores must be a bool",
+                         "tensor_cores")
     return errors
 
 
@@ -732,6 +734,11 @@ RECORDS = (
     OpSpec("paged_attention_triton", _attn_impl("triton"), _attn_ref, _attn_samples(True), _attn_recipe,
            _attn_errors("triton"), only("float32", "float16", "bfloat16"), {"out": CLOSE},
            platform_dependent=False, max_examples=3),
+    # The kernel as a draft head calls it: its products on the TF32 tensor cores where they stay
+    # exact (bfloat16 / float16 on a GPU; interpreted on the CPU, the same numbers as IEEE products).
+    OpSpec("paged_attention_tensor_cores", _attn_impl("triton", tensor_cores=True), _attn_ref, _attn_samples(True),
+           _attn_recipe, _attn_errors("triton", tensor_cores=True), only("float32", "float16", "bfloat16"),
+           {"out": CLOSE}, platform_dependent=False, max_examples=3),
     OpSpec("create_draft_kv_indices", _nkv_impl("torch"), _nkv_ref, _nkv_samples(False), _nkv_recipe,
            _nkv_errors("torch"), only("float32"), {"kv_indptr": EXACT, "kv_indices": EXACT},
            platform_dependent=False, max_examples=15, edge_exempt=NKV_EDGE_EXEMPT),
