@@ -18,10 +18,18 @@ import math
 import numpy as np
 
 
-def add_rmsnorm(*, x, weight, residual=None, eps=1e-6) -> tuple[np.ndarray, np.ndarray]:
-    """-> (normed, sum), float64 arrays of x's shape. Array-likes in; values read as float64."""
+def add_rmsnorm(*, x, weight, residual=None, eps=1e-6, at=None) -> tuple[np.ndarray, np.ndarray]:
+    """-> (normed, sum), float64 arrays of x's shape. Array-likes in; values read as float64.
+    at: one lane index per request of x [bs, q, H]: only row x[b, at[b]] of each request (plus the
+    residual's), the results [bs, 1, H]."""
     x = np.asarray(x, dtype=np.float64)
     w = np.asarray(weight, dtype=np.float64)
+    if at is not None:
+        picked = [int(j) for j in np.asarray(at)]
+        x = np.stack([x[b, j] for b, j in enumerate(picked)])[:, None] if picked else x[:, :1]
+        if residual is not None:
+            r = np.asarray(residual, dtype=np.float64)
+            residual = np.stack([r[b, j] for b, j in enumerate(picked)])[:, None] if picked else r[:, :1]
     s = x if residual is None else x + np.asarray(residual, dtype=np.float64)
     rows = s.reshape(-1, s.shape[-1])
     out = np.empty_like(rows)

@@ -574,7 +574,7 @@ def _same_device(name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -
 
 
 def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor | None = None, eps: float = 1e-6,
-                impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                at: torch.Tensor | None = None, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm of the residual sum -> (normed, sum), both [..., H] in x's dtype.
 
     sum = x + residual, rounded once to x's dtype (x itself when residual is None: a plain norm);
@@ -582,6 +582,9 @@ def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor
     computed from the rounded sum in float32 (the torch path: in x's dtype as torch's rms_norm
     does), rounded once. A row whose mean square is not finite (an inf or NaN in it) is NaN throughout in normed.
     x: [..., H] float; residual: x's shape and dtype; weight: [H] float; eps: a finite float >= 0.
+    at: [bs] int64, one lane per request of x [bs, q, H], each in [0, q): only the rows x[b, at[b]]
+    (+ residual[b, at[b]]) are read and normed, (normed, sum) [bs, 1, H] (a draft head's last norm
+    on the one row it reads; the other lanes may hold anything).
     impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere; float64 always torch).
     """
     pick_impl(impl, x.device if isinstance(x, torch.Tensor) else torch.device("cpu"))
@@ -602,7 +605,15 @@ def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor
         _same_device("residual", residual, x, "x")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0.0 <= float(eps) < float("inf")):
         raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
-    return add_rmsnorm_impl(x, residual, weight, float(eps), impl)
+    if at is not None:
+        _tensor("at", at, "[bs]")
+        if x.dim() != 3 or at.dtype != torch.int64 or at.shape != x.shape[:1]:
+            raise ValueError(f"at must be [bs] int64 for x [bs, q, H] (one lane per request), got {at.dtype} "
+                             f"{tuple(at.shape)} for x {tuple(x.shape)}")
+        _same_device("at", at, x, "x")
+        if at.numel() and not capturing(x.device) and bool(((at < 0) | (at >= x.shape[1])).any()):
+            raise ValueError(f"at must be in [0, {x.shape[1]}) (x's lanes q)")
+    return add_rmsnorm_impl(x, residual, weight, float(eps), impl, at=at)
 
 
 def rotary_kv_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -162,3 +162,27 @@ def test_rotary_kv_write_reads_the_tables_at_clamped_positions(impl):
     for positions in (wild, strided):
         for got, expected in zip(run_at(positions), want):
             assert torch.equal(got, expected), f"positions {positions.tolist()} not read clamped to [0, {rows})"
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_add_rmsnorm_reads_one_lane_per_request_through_a_strided_at(impl):
+    """`at` as the engine may hand it: a column of a packed tensor (stride 2). The op reads each
+    request's lane through it, bit for bit what a contiguous copy gives and what the gather then the
+    plain norm give; the other lanes hold NaN."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(5)
+    bs, q, hidden = 4, 3, 40
+    x, r = (torch.randn((bs, q, hidden), generator=gen) for _ in range(2))
+    at = torch.tensor([2, 0, 1, 2])
+    picked = x[torch.arange(bs), at][:, None], r[torch.arange(bs), at][:, None]
+    x[torch.arange(q)[None, :] != at[:, None]] = float("nan")
+    w = torch.rand(hidden, generator=gen) + 0.5
+    strided = torch.stack([torch.zeros_like(at), at], 1).to(dev)[:, 1]
+    x, r, w = x.to(dev), r.to(dev), w.to(dev)
+    want = specverify.ops.add_rmsnorm(picked[0].to(dev), w, residual=picked[1].to(dev), impl=impl)
+    assert strided.stride() == (2,)
+    for lanes in (strided, at.to(dev)):
+        got = specverify.ops.add_rmsnorm(x, w, residual=r, at=lanes, impl=impl)
+        for a, b in zip(got, want):
+            assert a.shape == (bs, 1, hidden) and torch.equal(a, b), f"at {lanes.tolist()} (stride {lanes.stride()})"

@@ -7,6 +7,8 @@ All three compute in float32 and round once to the output dtype:
 
 - `add_rmsnorm`: s = x + residual (rounded to x's dtype: the residual stream the next layer adds
   to), y = s * rsqrt(mean(s^2) + eps) * weight. One program per row, the whole row in one tile.
+  With `at` ([bs] lanes of x [bs, q, H]) it reads one row per request, x[b, at[b]] (+ the
+  residual's), and writes [bs, 1, H]: the lane gather of a draft head's last norm rides in it.
 - `rotary_kv_write`: qkv [T, Hq + 2 Hkv, D] holds each token's query, key and value heads; the
   query and key heads are rotated (rotate-half: the first and second halves of a head are the
   pair's two coordinates) by the cos / sin row of the token's position, the query heads go to the
@@ -45,16 +47,20 @@ def use_triton(impl: str, x: torch.Tensor) -> bool:
 # -- residual add + RMSNorm -------------------------------------------------------------------------
 
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, hidden, eps,
+def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, lane_ptr, hidden, eps, lanes,
                         s_xm, s_rm, s_om, s_sm,
-                        HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
+                        HAS_RESIDUAL: tl.constexpr, HAS_LANES: tl.constexpr, BLOCK_H: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)     # a long prefill's rows x stride may pass 2**31
+    src = row
+    if HAS_LANES:                           # request `row`'s lane: row lane_ptr[row] of its `lanes`
+        src = row * lanes + tl.load(lane_ptr + row)
     cols = tl.arange(0, BLOCK_H)
     live = cols < hidden
-    s = tl.load(x_ptr + row * s_xm + cols, mask=live, other=0.0)
+    s = tl.load(x_ptr + src * s_xm + cols, mask=live, other=0.0)
     if HAS_RESIDUAL:
-        r = tl.load(r_ptr + row * s_rm + cols, mask=live, other=0.0)
+        r = tl.load(r_ptr + src * s_rm + cols, mask=live, other=0.0)
         s = (s.to(tl.float32) + r.to(tl.float32)).to(sum_ptr.dtype.element_ty)
+    if HAS_RESIDUAL or HAS_LANES:
         tl.store(sum_ptr + row * s_sm + cols, s, mask=live)
     s = s.to(tl.float32)
     mean_sq = tl.sum(s * s, axis=0) / hidden
@@ -64,11 +70,20 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, hidden, eps,
     tl.store(out_ptr + row * s_om + cols, s * rstd * w, mask=live)
 
 
+def gather_lanes(x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """x [bs, q, ...] -> x[b, at[b]] as [bs, 1, ...] (at: [bs] int64 in [0, q), unchecked)."""
+    index = at.view((-1,) + (1,) * (x.dim() - 1)).expand((-1, 1) + tuple(x.shape[2:]))
+    return x.gather(1, index)
+
+
 def add_rmsnorm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                     impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                     impl: str = "auto", at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(normed, sum) of x [..., H] (+ residual): the wrapper behind `ops.add_rmsnorm` (inputs
-    already checked). Without a residual, sum is x itself."""
+    already checked). Without a residual, sum is x itself. at: [bs] int64 lanes of x [bs, q, H]:
+    the rows x[b, at[b]] only, (normed, sum) [bs, 1, H]."""
     if not use_triton(impl, x):
+        if at is not None:
+            x, residual = gather_lanes(x, at), (None if residual is None else gather_lanes(residual, at))
         s = x if residual is None else x + residual
         normed = F.rms_norm(s, (s.shape[-1],), weight, eps)
         acc = torch.float64 if s.dtype == torch.float64 else torch.float32
@@ -76,20 +91,25 @@ def add_rmsnorm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
         return torch.where(finite, normed, torch.full_like(normed, float("nan"))), s
     check_launchable(_add_rmsnorm_kernel, x.device)
     hidden = x.shape[-1]
+    # Rows of x [M, H] as the kernel reads them (with lanes: request b's lane j is row b * q + j).
     x2 = x.reshape(-1, hidden)
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     r2 = None if residual is None else residual.reshape(-1, hidden)
     if r2 is not None and r2.stride(-1) != 1:
         r2 = r2.contiguous()
-    out = torch.empty_like(x2, memory_format=torch.contiguous_format)
-    total = x2 if r2 is None else torch.empty_like(out)
-    if x2.shape[0]:
-        _add_rmsnorm_kernel[(x2.shape[0],)](
-            x2, x2 if r2 is None else r2, weight, out, total, hidden, float(eps),
+    rows, shape = (x2.shape[0], x.shape) if at is None else (x.shape[0], (x.shape[0], 1, hidden))
+    at = None if at is None else at.contiguous()          # the kernel reads request b's lane at b
+    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    total = x2 if r2 is None and at is None else torch.empty_like(out)
+    if rows:
+        _add_rmsnorm_kernel[(rows,)](
+            x2, x2 if r2 is None else r2, weight, out, total, x2 if at is None else at, hidden, float(eps),
+            1 if at is None else x.shape[1],
             x2.stride(0), x2.stride(0) if r2 is None else r2.stride(0), out.stride(0), total.stride(0),
-            HAS_RESIDUAL=r2 is not None, BLOCK_H=triton.next_power_of_2(hidden))
-    shape = x.shape
-    return out.view(shape), (x if residual is None else total.view(shape))
+            HAS_RESIDUAL=r2 is not None, HAS_LANES=at is not None, BLOCK_H=triton.next_power_of_2(hidden))
+    if residual is None and at is None:
+        return out.view(shape), x
+    return out.view(shape), total.view(shape)
 
 
 # -- rotary embedding + paged K/V write ---------------------------------------------------------------

@@ -78,10 +78,9 @@ class DraftHead:
         (a draft-extend reads only its last token's): logits [bs, 1, V] and hidden [bs, 1, H], the
         lm_head run on those rows alone. Values in [0, q) (`ops.draft_plan`'s `last`)."""
         x, mlp = self._layer(cache, batch, features)
-        if at is not None:
-            x, mlp = layers.lane_rows(x, at), layers.lane_rows(mlp, at)
-        # The last residual add rides in the final norm's kernel (its sum is the hidden state).
-        n, x = layers.add_rmsnorm(x, mlp, self.w["final_norm"], self.config.norm_eps)
+        # The last residual add rides in the final norm's kernel (its sum is the hidden state), and
+        # with `at` so does the lane gather: the kernel reads request b's lane at[b] only.
+        n, x = layers.add_rmsnorm(x, mlp, self.w["final_norm"], self.config.norm_eps, at=at)
         return n @ self.lm_head, x
 
     def deliver(self, logits: torch.Tensor, hidden: torch.Tensor) -> ForwardOutput:

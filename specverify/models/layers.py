@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from specverify.kernels.attention import paged_attention_impl
-from specverify.kernels.fused_layers import (add_rmsnorm_impl, rotary_kv_write_impl, rotate_half, runs_triton,
-                                             silu_mul_impl)
+from specverify.kernels.fused_layers import (add_rmsnorm_impl, gather_lanes, rotary_kv_write_impl, rotate_half,
+                                             runs_triton, silu_mul_impl)
 from specverify.kernels.token_slots import token_slots_impl
 from specverify.kernels.tree import chain_rows, kept_chain_rows
 from specverify.ops import decode_attention_indexed
@@ -27,11 +27,14 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                eps: float, at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(normed, sum) of the residual stream x plus a sublayer's output (None: nothing to add): one
     fused kernel on a GPU (`ops.add_rmsnorm`'s kernel, unchecked: the model's own tensors), the add
-    and torch's rms_norm elsewhere."""
-    return add_rmsnorm_impl(x, residual, weight, eps)
+    and torch's rms_norm elsewhere. at: one lane per request, as `lane_rows` (checked there): the
+    rows x[b, at[b]] only, [bs, 1, H], read by the same kernel."""
+    if at is not None:
+        check_lanes(x, at)
+    return add_rmsnorm_impl(x, residual, weight, eps, at=at)
 
 
 def fused_path(device: torch.device, dtype: torch.dtype) -> bool:
@@ -112,14 +115,18 @@ class Batch:
                                 self.region, SINK_SLOT)
 
 
+def check_lanes(x: torch.Tensor, at: torch.Tensor) -> None:
+    """Raise a ValueError naming `at` unless it is an int64 [bs] tensor for x [bs, q, ...]."""
+    if x.dim() < 2 or at.dtype != torch.int64 or at.shape != x.shape[:1]:
+        raise ValueError(f"at must be an int64 [{x.shape[0]}] tensor (one lane per request of x [bs, q, ...]), "
+                         f"got {at.dtype} {tuple(at.shape)} for x {tuple(x.shape)}")
+
+
 def lane_rows(x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
     """x [bs, q, ...] -> x[b, at[b]] as [bs, 1, ...]: one lane per request (at: [bs] int64 in
     [0, q)), one gather kernel on a GPU."""
-    if at.dtype != torch.int64 or at.shape != x.shape[:1]:
-        raise ValueError(f"at must be an int64 [{x.shape[0]}] tensor (one lane per request), got {at.dtype} "
-                         f"{tuple(at.shape)}")
-    index = at.view((-1,) + (1,) * (x.dim() - 1)).expand((-1, 1) + tuple(x.shape[2:]))
-    return x.gather(1, index)
+    check_lanes(x, at)
+    return gather_lanes(x, at)
 
 
 def chain_mask(bs: int, q: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -68,13 +68,32 @@ def _arn_sample(name, seed, dtype, *, rows, hidden, residual=True, eps=1e-6, kin
     return SampleInput(name, args, seed)
 
 
+def _arn_lanes_sample(name, seed, dtype, *, bs, lanes, hidden, residual=True) -> SampleInput:
+    """x / residual [bs, lanes, H] with one lane per request picked (`at`: the first, the last and
+    lanes between, a lane picked twice over the batch); every lane not picked holds NaN and inf, so
+    a read of the wrong lane shows in the result."""
+    gen = torch.Generator().manual_seed(seed)
+    t = _torch_dtype(dtype)
+    x = S.normalish(gen, (bs, lanes, hidden))
+    r = S.normalish(gen, (bs, lanes, hidden))
+    at = torch.tensor([(0, lanes - 1, lanes // 2, lanes - 1)[b % 4] for b in range(bs)], dtype=torch.int64)
+    picked = torch.zeros((bs, lanes), dtype=torch.bool)
+    picked[torch.arange(bs), at] = True
+    x[~picked], r[~picked] = float("nan"), float("inf")
+    w = 0.5 + _grid(gen, (hidden,), 0, 385, 256)
+    args = {"x": S.cast(x, t), "weight": S.cast(w, t), "residual": S.cast(r, t) if residual else None,
+            "eps": 1e-6, "at": at}
+    return SampleInput(name, args, seed)
+
+
 def _arn_impl(which: str):
     def impl(s: SampleInput, profile) -> dict:
         a = s.args
         if which == "triton":
-            normed, total = add_rmsnorm_impl(a["x"], a["residual"], a["weight"], a["eps"], "triton")
+            normed, total = add_rmsnorm_impl(a["x"], a["residual"], a["weight"], a["eps"], "triton", at=a.get("at"))
         else:
-            normed, total = ops.add_rmsnorm(a["x"], a["weight"], residual=a["residual"], eps=a["eps"], impl="torch")
+            normed, total = ops.add_rmsnorm(a["x"], a["weight"], residual=a["residual"], eps=a["eps"],
+                                            at=a.get("at"), impl="torch")
         return {"normed": normed, "sum": total}
     return impl
 
@@ -83,7 +102,7 @@ def _arn_ref(s: SampleInput) -> dict:
     a = s.args
     normed, total = reference.add_rmsnorm(x=a["x"].double().numpy(), weight=a["weight"].double().numpy(),
                                           residual=None if a["residual"] is None else a["residual"].double().numpy(),
-                                          eps=a["eps"])
+                                          eps=a["eps"], at=None if a.get("at") is None else a["at"].numpy())
     return {"normed": torch.from_numpy(normed), "sum": torch.from_numpy(total)}
 
 
@@ -97,6 +116,11 @@ def _arn_samples(small: bool):
         yield _arn_sample("ulp-adjacent-entries", seed + 5, dtype, rows=3, hidden=33, kind="ulp")
         yield _arn_sample("tiny-rows-eps-matters", seed + 6, dtype, rows=3, hidden=16, kind="tiny", eps=1e-5)
         yield _arn_sample("eps-zero", seed + 7, dtype, rows=2, hidden=16, eps=0.0)
+        # one lane per request (`at`): a draft head's last norm on the row it reads
+        yield _arn_lanes_sample("lanes-one-per-request", seed + 9, dtype, bs=5, lanes=4, hidden=24)
+        yield _arn_lanes_sample("lanes-no-residual", seed + 10, dtype, bs=3, lanes=3, hidden=17, residual=False)
+        yield _arn_lanes_sample("lanes-single-lane", seed + 11, dtype, bs=2, lanes=1, hidden=8)
+        yield _arn_lanes_sample("lanes-empty-batch", seed + 12, dtype, bs=0, lanes=2, hidden=8)
         if not small:
             yield _arn_sample("large-rows", seed + 8, dtype, rows=9, hidden=300)
     return samples
@@ -132,6 +156,16 @@ def _arn_errors(which: str):
         yield ErrorInput("eps-nan", call(eps=float("nan")), ValueError, "eps must be a finite float >= 0", "eps")
         yield ErrorInput("bad-impl", lambda: ops.add_rmsnorm(x, w, impl="cuda"), ValueError, "impl must be one of",
                          "impl")
+        lanes = _arn_lanes_sample("lanes", 0, "float32", bs=2, lanes=3, hidden=8).args
+
+        def with_at(at, x=lanes["x"]):
+            return lambda: ops.add_rmsnorm(x, lanes["weight"], residual=None, at=at, impl=which)
+        yield ErrorInput("at-int32", with_at(lanes["at"].int()), ValueError, r"at must be \[bs\] int64", "at")
+        yield ErrorInput("at-shape", with_at(lanes["at"][:1]), ValueError, r"at must be \[bs\] int64", "at")
+        yield ErrorInput("at-2d-x", with_at(lanes["at"], x=lanes["x"][:, 0]), ValueError, r"for x \[bs, q, H\]", "at")
+        yield ErrorInput("at-past-lanes", with_at(torch.tensor([0, 3])), ValueError, r"at must be in \[0, 3\)", "at")
+        yield ErrorInput("at-negative", with_at(torch.tensor([-1, 0])), ValueError, r"at must be in \[0, 3\)", "at")
+        yield ErrorInput("at-list", with_at([0, 1]), TypeError, "at must be a torch.Tensor", "at")
     return errors
 
 
