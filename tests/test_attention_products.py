@@ -23,10 +23,13 @@ import torch
 
 import reference
 from specverify import build_models, ops
+from specverify.conformance.registry import REGISTRY
+from specverify.kernels import attention, launch
 from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import TF32_FRACTION_BITS, tf32_exact
 from specverify.models import Batch, chain_mask, layers
+from specverify.platform import get_profile
 
 pytestmark = pytest.mark.kernels
 
@@ -201,3 +204,65 @@ def test_the_op_hands_its_product_mode_to_the_kernel(tensor_cores):
     got = ops.paged_attention(**{name: t.to(DEV) for name, t in args.items()}, scale=scale, impl="triton",
                               tensor_cores=tensor_cores).cpu()[:, 0]
     assert torch.equal(got, _paged(q, k, v, table, scale, "triton", tensor_cores=tensor_cores))
+
+
+def test_the_backend_follows_the_torch_build(monkeypatch):
+    """A ROCm build of torch makes the kernels' backend "hip", where no dot takes TF32."""
+    monkeypatch.setattr(torch.version, "hip", "6.2.0")
+    assert launch.gpu_backend() == "hip" and not tf32_exact(torch.bfloat16)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert launch.gpu_backend() == "cuda" and tf32_exact(torch.bfloat16)
+
+
+def test_the_probability_split_clears_exactly_tf32s_missing_bits():
+    """A TF32 operand holds 10 of float32's 23 fraction bits: the split clears the other 13, and
+    the kernel's mask keeps the sign, the exponent and those 10."""
+    assert launch.TF32_LOW_BITS == (1 << 13) - 1
+    assert int(attention.TF32_KEEP.value) == 0xFFFFE000
+
+
+def _spy_on_the_op(monkeypatch) -> list:
+    """The product mode of each call the op hands to the kernel wrapper (which then runs nothing:
+    only the mode is read)."""
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("tensor_cores"))
+        return torch.zeros(())
+    monkeypatch.setattr(ops, "paged_attention_impl", spy)
+    return calls
+
+
+@pytest.mark.parametrize("record,mode", [("paged_attention_tensor_cores", True), ("paged_attention_triton", False)])
+def test_each_attention_record_runs_its_product_mode(monkeypatch, record, mode):
+    """The tensor-core record checks the draft head's call, the Triton record the target's."""
+    calls = _spy_on_the_op(monkeypatch)
+    op = REGISTRY[record]
+    op.impl(next(iter(op.samples("bfloat16", 0))), get_profile("cpu"))
+    assert calls == [mode]
+
+
+def test_the_op_keeps_the_fma_units_unless_asked(monkeypatch):
+    calls = _spy_on_the_op(monkeypatch)
+    sample = next(iter(REGISTRY["paged_attention_triton"].samples("bfloat16", 0)))
+    ops.paged_attention(**sample.args, impl="triton")
+    assert calls == [False]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["fma", "tensor-cores"])
+def test_the_kernel_takes_tf32_only_when_asked_and_exact(monkeypatch, dtype, tensor_cores):
+    """The kernel is launched with TF32 products exactly when the caller asks and the inputs fit
+    TF32 (bfloat16 / float16; never float32). Only the launch's arguments are read: nothing runs."""
+    launched = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch_(*args, **kwargs):
+                launched.append(kwargs["TF32"])
+            return launch_
+    monkeypatch.setattr(attention, "_paged_attention_kernel", Spy())
+    monkeypatch.setattr(attention, "check_launchable", lambda kernel, device: None)
+    q, k, v, table = _inputs(dtype, 0)
+    _paged(q, k, v, table, HD ** -0.5, "triton", tensor_cores=tensor_cores)
+    assert launched == [tensor_cores and dtype != torch.float32]

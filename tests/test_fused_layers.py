@@ -186,3 +186,38 @@ def test_add_rmsnorm_reads_one_lane_per_request_through_a_strided_at(impl):
         got = specverify.ops.add_rmsnorm(x, w, residual=r, at=lanes, impl=impl)
         for a, b in zip(got, want):
             assert a.shape == (bs, 1, hidden) and torch.equal(a, b), f"at {lanes.tolist()} (stride {lanes.stride()})"
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("lanes", [False, True], ids=["every-row", "one-lane"])
+def test_add_rmsnorm_reads_a_residual_strided_apart_from_x(impl, lanes):
+    """A residual whose rows lie 2H apart (a slice of a wider tensor) while x's lie H apart: each is
+    read through its own row stride, bit for bit what a contiguous copy gives."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(8)
+    bs, q, hidden = 3, 4, 24
+    x = torch.randn((bs, q, hidden), generator=gen).to(dev)
+    r = torch.randn((bs, q, 2 * hidden), generator=gen).to(dev)[..., :hidden]
+    w = (torch.rand(hidden, generator=gen) + 0.5).to(dev)
+    at = torch.tensor([3, 0, 2], device=dev) if lanes else None
+    got = specverify.ops.add_rmsnorm(x, w, residual=r, at=at, impl=impl)
+    want = specverify.ops.add_rmsnorm(x, w, residual=r.contiguous(), at=at, impl=impl)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), "the residual read through x's row stride"
+
+
+def test_add_rmsnorm_reads_no_lane_back_inside_a_capture(monkeypatch):
+    """The lanes' range check reads the device, so inside a CUDA-graph capture it is skipped (the
+    op is then the engine's unchecked call): no host sync, whatever `at` holds."""
+    monkeypatch.setattr(specverify.ops, "capturing", lambda device=None: True)
+    monkeypatch.setattr(specverify.ops, "add_rmsnorm_impl", lambda *args, **kwargs: "launched")
+    x = torch.randn((2, 3, 8))
+    assert specverify.ops.add_rmsnorm(x, torch.ones(8), at=torch.tensor([0, 7])) == "launched"
+
+
+def test_lane_rows_names_a_bad_at():
+    x = torch.randn((3, 4, 5))
+    for bad in (torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 1])):
+        with pytest.raises(ValueError, match=r"at must be an int64 \[3\] tensor"):
+            layers.lane_rows(x, bad)

@@ -18,9 +18,9 @@ The two products (docs/semantics.md 6.20): every product of two inputs is exact 
 float32 sum. By default they run on the FMA units (`input_precision="ieee"`), as the indexed kernel's
 do, so a row the two kernels share rounds alike. `tensor_cores=True` (a draft head's rows, which no
 other launch must match) takes them on the TF32 tensor cores where that keeps them exact
-(`launch.tf32_exact`: bfloat16 / float16 on NVIDIA): Q.K as it is (the inputs fit TF32), P.V as two
-products, P's TF32 part and its float32 rest, each exact. On an H100 at decode sizes that halves the
-call (benchmarks/results/attn_dot_modes-*.md).
+(`launch.tf32_exact`: bfloat16 / float16 on NVIDIA): Q.K as it is (the inputs fit TF32), P.V as three
+products, P split into parts of 11, 11 and 2 significant bits, each exact. On an H100 at decode sizes
+that takes the call from ~11.5 to ~6 us (benchmarks/results/kernel_sequence-*.md).
 """
 
 from __future__ import annotations
@@ -47,12 +47,22 @@ def _scores(q, k, TF32: tl.constexpr):
 
 
 @triton.jit
+def _tf32_part(x):
+    """x with the low fraction bits a TF32 operand lacks cleared: its top 11 significant bits."""
+    return (x.to(tl.uint32, bitcast=True) & TF32_KEEP).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _weighted_values(p, v, TF32: tl.constexpr):
-    """p [M, N] float32 . v [N, D], float32, every product exact. On TF32 (v fits it, p does not),
-    p is its TF32 part (the low fraction bits cleared) plus the float32 rest: two exact products."""
+    """p [M, N] float32 . v [N, D], float32, every product exact. On TF32 (v fits it, p's 24
+    significant bits do not: TF32 holds 11) p is split into three parts that each fit, its top 11
+    bits, the next 11 and the last 2 (each difference exact in float32): three exact products."""
     if TF32:
-        p_tf32 = (p.to(tl.uint32, bitcast=True) & TF32_KEEP).to(tl.float32, bitcast=True)
-        return tl.dot(p_tf32, v, input_precision="tf32") + tl.dot(p - p_tf32, v, input_precision="tf32")
+        p_top = _tf32_part(p)
+        rest = p - p_top
+        p_mid = _tf32_part(rest)
+        return (tl.dot(p_top, v, input_precision="tf32") + tl.dot(p_mid, v, input_precision="tf32")
+                + tl.dot(rest - p_mid, v, input_precision="tf32"))
     return tl.dot(p, v, input_precision="ieee")
 
 

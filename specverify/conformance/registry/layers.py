@@ -166,6 +166,9 @@ def _arn_errors(which: str):
         yield ErrorInput("at-past-lanes", with_at(torch.tensor([0, 3])), ValueError, r"at must be in \[0, 3\)", "at")
         yield ErrorInput("at-negative", with_at(torch.tensor([-1, 0])), ValueError, r"at must be in \[0, 3\)", "at")
         yield ErrorInput("at-list", with_at([0, 1]), TypeError, "at must be a torch.Tensor", "at")
+        yield ErrorInput("at-4d-x", with_at(lanes["at"], x=lanes["x"][:, :, None]), ValueError,
+                         r"for x \[bs, q, H\]", "at")
+        yield ErrorInput("at-device", with_at(lanes["at"].to("meta")), ValueError, "at is on meta", "at")
     return errors
 
 
