@@ -244,6 +244,20 @@ def expand_beams(beam_scores, child_probs, child_tokens, ancestors, hidden, *, s
     return out
 
 
+def keep_candidates(scores, tokens, *, keep: int) -> dict:
+    """The end of the search (section 6.13), request by request: the `keep` best of a request's
+    candidates (scores [bs][M] float32 values, in the order of 6.1), their flat indices ascending
+    and their tokens. Returns lists kept_flat, kept_tokens [bs][keep]."""
+    if not _is_int(keep) or keep < 0:
+        raise ValueError(f"keep: must be an int >= 0, got {keep!r}")
+    out = {"kept_flat": [], "kept_tokens": []}
+    for row, row_tokens in zip(scores, tokens):
+        kept = sorted(topk_order([np.float32(v) for v in row], keep)) if keep else []
+        out["kept_flat"].append(kept)
+        out["kept_tokens"].append([int(row_tokens[i]) for i in kept])
+    return out
+
+
 def _tree_from_parents(tokens, parents, L, b, D, kept_flat, beam_flat) -> RefTree:
     """Positions, mask and links of one request from its parents list."""
     depth = [0] * D

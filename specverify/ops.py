@@ -18,7 +18,8 @@ from specverify.kernels.dflash import dflash_verify_impl
 from specverify.kernels.fused_layers import add_rmsnorm_impl, embed_concat_impl, rotary_kv_write_impl, silu_mul_impl
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.kernels.draft_plan import DraftPlan, draft_plan_impl
-from specverify.kernels.draft_search import MAX_TRITON_TOPK as MAX_SEARCH_TOPK, BeamStep, expand_beams_impl
+from specverify.kernels.draft_search import (MAX_TRITON_TOPK as MAX_SEARCH_TOPK, BeamStep, expand_beams_impl,
+                                             keep_candidates_impl)
 from specverify.kernels.draft_select import MAX_TRITON_TOPK as MAX_SELECT_TOPK, select_topk_triton
 from specverify.kernels.emit import accepted_tokens_impl, emit_impl
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
@@ -772,6 +773,30 @@ def expand_beams(beam_scores: torch.Tensor, child_probs: torch.Tensor, child_tok
                          f"got {hidden.dtype}")
     step = _count("step", step, 1, "(step 0 is the draft-extend's own top-k)")
     return expand_beams_impl(beam_scores, child_probs, child_tokens, ancestors, hidden, step, impl)
+
+
+def keep_candidates(scores: torch.Tensor, tokens: torch.Tensor, *, keep: int,
+                    impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """The end of the draft-tree search (docs/semantics.md 6.13): the `keep` best candidates, in
+    flat order -> (kept_flat [bs, keep] int64, kept_tokens [bs, keep] int64).
+
+    scores [bs, M] float32: every candidate's path score in flat order (step 0's k, then each
+    step's k^2); tokens [bs, M] int64: each candidate's token. The best are taken in the order of
+    6.1 (score descending, index ascending; -0 == +0, NaN above every number, NaNs by index);
+    kept_flat lists their flat indices ascending, kept_tokens their tokens. keep: an int in [0, M].
+    impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere).
+    """
+    pick_impl(impl, scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu"))
+    _tensor("scores", scores, "[bs, M] float32")
+    _tensor("tokens", tokens, "[bs, M] int64")
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be [bs, M] float32, got shape {tuple(scores.shape)}")
+    check_tensor("scores", scores, tuple(scores.shape), torch.float32, None)
+    check_tensor("tokens", tokens, tuple(scores.shape), torch.int64, scores.device)
+    keep = _count("keep", keep, 0)
+    if keep > scores.shape[1]:
+        raise ValueError(f"keep must be in [0, {scores.shape[1]}] (M, the candidates), got {keep}")
+    return keep_candidates_impl(scores, tokens, keep, impl)
 
 
 def token_slots(*, req_to_token: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor, q_lens: torch.Tensor,

@@ -33,7 +33,7 @@ from specverify.kernels.tree import build_tree, chain_tree_of
 from specverify.kernels.verify import target_predict, verify_greedy, verify_stochastic
 from specverify.models import Batch, ModelCache, Models
 from specverify.models.kv_cache import SINK_SLOT
-from specverify.models.layers import lone_query_mask
+from specverify.models.layers import lone_query_mask, no_parents
 from specverify.ops import (accepted_tokens, chain_verify_rows, commit_accepted_kv, draft_plan, draft_token, draft_topk,
                             emit_tokens)
 from specverify.platform import PlatformProfile
@@ -94,7 +94,7 @@ class EagleCycle:
             pos = plan.ahead[:, step - 1, None].expand(-1, k)               # beams sit at depth `step`
             region = (step - 1) * k
             dbatch = Batch(search.tokens, pos, rows, plan.root, beams, search.ancestors[:, :, :region + k],
-                           torch.full_like(pos, -1), region, req_ids=req_ids)
+                           no_parents(bs, k, rows.device), region, req_ids=req_ids)
             dout = head.forward(self.cache, dbatch, hidden)
             p, idx = draft_topk(dout.logits.reshape(bs * k, -1), k, self.profile, dout.scale.reshape(bs * k, 1))
             _, hidden = expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k), dout.hidden)

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specverify.kernels.draft_select import LOWEST_KEY, packed_order_key
 from specverify.kernels.launch import check_launchable, pick_impl
 
 # The Triton kernel ranks the k^2 candidates against each other in one [k^2, k^2] tile: up to
@@ -176,3 +177,54 @@ def expand_beams_impl(beam_scores, child_probs, child_tokens, ancestors, hidden,
     if choice == "triton" and (impl == "triton" or beam_scores.shape[1] <= MAX_TRITON_TOPK):
         return _expand_triton(beam_scores, child_probs, child_tokens, ancestors, hidden, step, hidden_block)
     return _expand_torch(beam_scores, child_probs, child_tokens, ancestors, hidden, step)
+
+
+# -- the end of the search: the D-1 best candidates, by flat index (docs/semantics.md 6.13) --------
+
+@triton.jit
+def _keep_candidates_kernel(scores_ptr, tokens_ptr, flat_ptr, kept_tokens_ptr, m, keep,
+                            s_sc, s_tk, s_fl, s_kt, BLOCK_M: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, BLOCK_M)
+    live = j < m
+    x = tl.load(scores_ptr + b * s_sc + j, mask=live, other=0.0)
+    packed = tl.where(live, packed_order_key(x, j, m), LOWEST_KEY)
+    # The keep-th best key: the best taken away keep - 1 times (a while loop: "Loop bounds", launch.py).
+    rest = packed
+    n = 1
+    while n < keep:
+        rest = tl.where(rest == tl.max(rest, axis=0), LOWEST_KEY, rest)
+        n += 1
+    kept = live & (packed >= tl.max(rest, axis=0))
+    pos = tl.cumsum(kept.to(tl.int32), axis=0) - 1          # the kept candidates in flat order
+    tl.store(flat_ptr + b * s_fl + pos, j.to(tl.int64), mask=kept)
+    tl.store(kept_tokens_ptr + b * s_kt + pos, tl.load(tokens_ptr + b * s_tk + j, mask=kept, other=0), mask=kept)
+
+
+def _keep_torch(scores: torch.Tensor, tokens: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from specverify.ops import topk_stable   # ops imports the kernels: resolve at call time
+    _, best = topk_stable(scores, keep)
+    kept_flat = torch.sort(best, dim=1).values
+    return kept_flat, tokens.gather(1, kept_flat)
+
+
+def keep_candidates_impl(scores: torch.Tensor, tokens: torch.Tensor, keep: int,
+                         impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept_flat [bs, keep], kept_tokens [bs, keep]): the wrapper behind `ops.keep_candidates`
+    (inputs already checked). "auto": one Triton kernel on CUDA tensors (one program per request),
+    torch's stable top-k and sort elsewhere."""
+    if pick_impl(impl, scores.device) != "triton" or keep == 0:
+        if keep == 0:
+            empty = torch.empty((scores.shape[0], 0), dtype=torch.int64, device=scores.device)
+            return empty, empty.clone()
+        return _keep_torch(scores, tokens, keep)
+    check_launchable(_keep_candidates_kernel, scores.device)
+    bs, m = scores.shape
+    kept_flat = torch.empty((bs, keep), dtype=torch.int64, device=scores.device)
+    kept_tokens = torch.empty((bs, keep), dtype=torch.int64, device=scores.device)
+    if bs:
+        block_m = max(triton.next_power_of_2(m), 2)
+        _keep_candidates_kernel[(bs,)](scores, tokens, kept_flat, kept_tokens, m, keep, scores.stride(0),
+                                       tokens.stride(0), kept_flat.stride(0), kept_tokens.stride(0), BLOCK_M=block_m,
+                                       num_warps=4 if block_m <= 256 else 8)
+    return kept_flat, kept_tokens

@@ -39,6 +39,18 @@ LOWEST_KEY = tl.constexpr(-9223372036854775807 - 1)     # int64's least: below e
 
 
 @triton.jit
+def packed_order_key(x, index, n):
+    """The int64 whose descending order is docs/semantics.md 6.1's order of float32 values x at
+    `index` in [0, n): value descending, -0.0 == +0.0, NaN above every number (NaNs tie), then index
+    ascending. The order key sits in the high half and the reversed index in the low half, so no two
+    entries of a row tie."""
+    bits = tl.where(x == 0, 0.0, x).to(tl.int32, bitcast=True)
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    key = tl.where(x != x, 0x7FFFFFFF, key)
+    return (key.to(tl.int64) << 32) | (n - 1 - index).to(tl.int64)
+
+
+@triton.jit
 def _select_block_kernel(x_ptr, scale_ptr, key_ptr, max_ptr, sum_ptr, vocab, s_xn, s_sn, s_kn, s_bn,
                          HAS_SCALE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -54,11 +66,7 @@ def _select_block_kernel(x_ptr, scale_ptr, key_ptr, max_ptr, sum_ptr, vocab, s_x
     zmax = tl.max(tl.where(live & (z == z), z, float("-inf")), axis=0)
     e = tl.where(z == zmax, 1.0, tl.exp(z - zmax))
     total = tl.sum(tl.where(live, e, 0.0), axis=0)
-    bits = tl.where(x == 0, 0.0, x).to(tl.int32, bitcast=True)
-    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    key = tl.where(x != x, 0x7FFFFFFF, key)
-    packed = (key.to(tl.int64) << 32) | (vocab - 1 - cols).to(tl.int64)
-    packed = tl.where(live, packed, LOWEST_KEY)
+    packed = tl.where(live, packed_order_key(x, cols, vocab), LOWEST_KEY)
     slot = tl.arange(0, BLOCK_K)
     best = tl.full([BLOCK_K], LOWEST_KEY, tl.int64)
     for i in tl.static_range(BLOCK_K):                 # the block's best keys, best first

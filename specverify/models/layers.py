@@ -140,6 +140,11 @@ def chain_offsets(q: int, device) -> torch.Tensor:
     return _chain_rows(q, device)[0]
 
 
+def no_parents(bs: int, q: int, device) -> torch.Tensor:
+    """[bs, q] of -1 (no token's parent is in the batch: a tree step's beams), a kept read-only row."""
+    return _chain_rows(1, device)[1].expand(bs, q)
+
+
 def lone_query_mask(bs: int, seen: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """One new token per lane that sees the `seen` region entries up to and including its own
     (a chain draft's step: the earlier drafts and itself) and has no parent in the batch: tree

@@ -8,11 +8,11 @@ No host syncs: the whole search can run inside a captured CUDA graph.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
-from specverify.kernels.draft_search import expand_beams_impl
-from specverify.ops import topk_stable
+from specverify.kernels.draft_search import expand_beams_impl, keep_candidates_impl
 
 
 @dataclasses.dataclass
@@ -34,12 +34,20 @@ def _own_entry(beams: torch.Tensor, offset: int, region: int) -> torch.Tensor:
     return torch.arange(region, device=beams.device)[None, :] == (offset + beams)[:, None]
 
 
+# Step 0's beam ids and own-entry rows are the same for every request and every cycle: made once per
+# (k, region, device) and handed out as expanded read-only views, so a captured draft phase replays
+# no kernel for them. Never evicted (a CUDA graph reads them by address); the keys are a spec's few.
+@functools.lru_cache(maxsize=None)
+def _step0_rows(k: int, region: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    beams = torch.arange(k, device=device)
+    return beams, _own_entry(beams, 0, region)
+
+
 def start_search(p0: torch.Tensor, index0: torch.Tensor, num_steps: int) -> TreeSearch:
     """Step 0: p0 / index0 [bs, k] are the top-k of the draft-extend's last row."""
     bs, k = p0.shape
-    region = max(num_steps - 1, 1) * k
-    beams = torch.arange(k, device=p0.device)
-    anc = _own_entry(beams, 0, region).expand(bs, k, region)        # beam p of step 0 is entry p
+    beams, own = _step0_rows(k, max(num_steps - 1, 1) * k, p0.device)
+    anc = own.expand(bs, k, own.shape[1])                            # beam p of step 0 is entry p
     flat = beams.expand(bs, k)
     return TreeSearch(k, num_steps, p0, index0, flat, anc, [p0], [index0], [flat])
 
@@ -65,8 +73,9 @@ def expand_search(search: TreeSearch, step: int, p: torch.Tensor, index: torch.T
     return out.parent, (out.hidden if hidden is not None else None)
 
 
-def finish_search(search: TreeSearch, num_draft_tokens: int):
-    """Keep the D-1 best candidates, sorted by flat index.
+def finish_search(search: TreeSearch, num_draft_tokens: int, impl: str = "auto"):
+    """Keep the D-1 best candidates, sorted by flat index (`ops.keep_candidates`: one kernel on a
+    GPU).
 
     Returns kept_flat [bs, D-1], kept_tokens [bs, D-1], beam_flat [bs, S-1, k].
     """
@@ -77,12 +86,10 @@ def finish_search(search: TreeSearch, num_draft_tokens: int):
         kept_flat = torch.arange(tokens.shape[1], device=tokens.device).expand(bs, -1)
         return kept_flat, tokens, torch.zeros((bs, max(search.num_steps - 1, 0), 1), dtype=torch.int64,
                                               device=tokens.device) + kept_flat[:, :-1, None]
-    scores = torch.cat(search.cand_scores, dim=1)
-    _, best = topk_stable(scores, num_draft_tokens - 1)
-    kept_flat = torch.sort(best, dim=1).values
-    kept_tokens = tokens.gather(1, kept_flat)
+    kept_flat, kept_tokens = keep_candidates_impl(torch.cat(search.cand_scores, dim=1), tokens, num_draft_tokens - 1,
+                                                  impl)
     if search.num_steps > 1:
         beam_flat = torch.stack(search.beam_flats[:search.num_steps - 1], dim=1)
     else:
-        beam_flat = torch.zeros((bs, 0, k), dtype=torch.int64, device=scores.device)
+        beam_flat = torch.zeros((bs, 0, k), dtype=torch.int64, device=tokens.device)
     return kept_flat, kept_tokens, beam_flat

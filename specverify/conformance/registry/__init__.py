@@ -19,7 +19,7 @@ FAMILIES = (selection, tree_verify, draft_search, dflash, sampling, attention, s
 
 # The records in the order the tests list them (golden files and test ids name ops, not positions).
 ORDER = ("select_draft_topk", "select_draft_topk_triton", "draft_tree", "draft_tree_triton", "expand_beams",
-         "expand_beams_triton", "verify_greedy", "verify_stochastic", "verify_naive", "sampling_probs", "sample_from_probs", "logprob_rows", "quantize_fp8", "convert_logits", "row_argmax", "row_argmax_triton",
+         "expand_beams_triton", "keep_candidates", "keep_candidates_triton", "verify_greedy", "verify_stochastic", "verify_naive", "sampling_probs", "sample_from_probs", "logprob_rows", "quantize_fp8", "convert_logits", "row_argmax", "row_argmax_triton",
          "paged_attention", "paged_attention_triton", "paged_attention_tensor_cores", "create_draft_kv_indices", "create_draft_kv_indices_triton",
          "token_slots", "token_slots_triton", "commit_accepted_kv", "commit_accepted_kv_triton",
          "decode_attention_indexed", "decode_attention_indexed_triton", "mamba_state_scatter",

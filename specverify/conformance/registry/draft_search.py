@@ -148,7 +148,88 @@ def _eb_errors(which: str):
     return errors
 
 
+# ---------------------------------------------------------------------------------------------
+# keep_candidates: the end of the search, the D-1 best candidates in flat order (6.13)
+
+def _kc_sample(name, seed, *, bs, m, keep, kind="plain") -> SampleInput:
+    """kind: "plain" (grid values in [0, 1]: many exact ties), "nan" (NaN, +-inf and +-0.0 among
+    them), "ulp" (float32 neighbours: near-ties one ulp apart), "zeros" (only signed zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = _levels(gen, (bs, m))
+    if kind == "nan":
+        specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0])
+        pick = torch.randint(0, len(specials), (bs, m), generator=gen)
+        scores = torch.where(S.coins(gen, (bs, m), 0.4), specials[pick], scores)
+    elif kind == "ulp":
+        scores = torch.nextafter(scores, torch.tensor(2.0)) * S.coins(gen, (bs, m), 0.5) + \
+            scores * ~S.coins(gen, (bs, m), 0.5)
+    elif kind == "zeros":
+        scores = torch.where(S.coins(gen, (bs, m), 0.5), -0.0, 0.0)
+    tokens = torch.randint(0, 2**40, (bs, m), generator=gen)
+    return SampleInput(f"{name}-bs{bs}-m{m}-keep{keep}", {"scores": scores, "tokens": tokens, "keep": keep}, seed)
+
+
+def _kc_samples(dtype: str, seed: int):
+    yield _kc_sample("empty-batch", seed, bs=0, m=5, keep=2)
+    yield _kc_sample("ties", seed + 1, bs=3, m=36, keep=7)                 # k 4, S 3, D 8: the k4 cycle's shape
+    yield _kc_sample("nan-inf-signed-zero", seed + 2, bs=4, m=20, keep=9, kind="nan")
+    yield _kc_sample("ulp-adjacent", seed + 3, bs=2, m=40, keep=11, kind="ulp")
+    yield _kc_sample("signed-zeros-only", seed + 4, bs=2, m=12, keep=5, kind="zeros")
+    yield _kc_sample("boundary-keep-every-candidate", seed + 5, bs=2, m=9, keep=9)
+    yield _kc_sample("boundary-keep-one", seed + 6, bs=3, m=21, keep=1, kind="nan")
+    yield _kc_sample("boundary-keep-none", seed + 7, bs=2, m=6, keep=0)
+    yield _kc_sample("boundary-wide-k16", seed + 8, bs=1, m=16 + 256, keep=63)      # past one 256-entry tile
+
+
+def _kc_recipe(dtype: str):
+    from hypothesis import strategies as st
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 3), st.integers(1, 70), st.floats(0, 1),
+                     st.sampled_from(("plain", "nan", "ulp", "zeros"))).map(
+        lambda t: _kc_sample(f"hyp-{t[4]}", t[0], bs=t[1], m=t[2], keep=int(t[3] * t[2]), kind=t[4]))
+
+
+def _kc_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        kept_flat, kept_tokens = ops.keep_candidates(s.args["scores"], s.args["tokens"], keep=s.args["keep"],
+                                                     impl=which)
+        return {"kept_flat": kept_flat, "kept_tokens": kept_tokens}
+    return impl
+
+
+def _kc_ref(s: SampleInput) -> dict:
+    a = s.args
+    out = rspec.keep_candidates(a["scores"].numpy(), a["tokens"].tolist(), keep=a["keep"])
+    bs = a["scores"].shape[0]
+    return {name: torch.tensor(out[name], dtype=torch.int64).reshape(bs, a["keep"]) for name in out}
+
+
+def _kc_errors(which: str):
+    def errors():
+        scores, tokens = torch.ones((2, 5)), torch.zeros((2, 5), dtype=torch.int64)
+
+        def call(**change):
+            args = dict(scores=scores, tokens=tokens, keep=2, impl=which) | change
+            return lambda: ops.keep_candidates(**args)
+        yield ErrorInput("scores-list", call(scores=scores.tolist()), TypeError, "scores must be a torch.Tensor",
+                         "scores")
+        yield ErrorInput("scores-1d", call(scores=scores[0]), ValueError, r"scores must be \[bs, M\] float32", "scores")
+        yield ErrorInput("scores-float64", call(scores=scores.double()), ValueError, "scores must be torch.float32",
+                         "scores")
+        yield ErrorInput("tokens-int32", call(tokens=tokens.int()), ValueError, "tokens must be torch.int64", "tokens")
+        yield ErrorInput("tokens-other-shape", call(tokens=tokens[:, :4]), ValueError, r"tokens must have shape \[2, 5\]",
+                         "tokens")
+        yield ErrorInput("keep-past-m", call(keep=6), ValueError, r"keep must be in \[0, 5\]", "keep")
+        yield ErrorInput("keep-negative", call(keep=-1), ValueError, "keep must be an int >= 0", "keep")
+        yield ErrorInput("keep-float", call(keep=2.0), TypeError, "keep must be an int >= 0", "keep")
+        yield ErrorInput("bad-impl", call(impl="cuda"), ValueError, "impl must be one of", "impl")
+    return errors
+
+
 RECORDS = (
+    OpSpec("keep_candidates", _kc_impl("torch"), _kc_ref, _kc_samples, _kc_recipe, _kc_errors("torch"),
+           only("float32"), {"kept_flat": EXACT, "kept_tokens": EXACT}, platform_dependent=False, max_examples=15),
+    OpSpec("keep_candidates_triton", _kc_impl("triton"), _kc_ref, _kc_samples, _kc_recipe, _kc_errors("triton"),
+           only("float32"), {"kept_flat": EXACT, "kept_tokens": EXACT}, platform_dependent=False, max_examples=5),
     OpSpec("expand_beams", _eb_impl("torch"), _eb_ref, _eb_samples, _eb_recipe, _eb_errors("torch"), HIDDEN_DTYPES,
            {name: EXACT for name in OUTPUTS + ("sign_bits",)}, platform_dependent=False,
            max_examples=15),

@@ -56,7 +56,7 @@ def tree_impl(impl: str):
         for step in range(1, steps):
             p, idx = ops.topk_stable(a["dists"][step].reshape(bs * k, vocab), k)
             expand_search(search, step, p.view(bs, k, k), idx.view(bs, k, k), impl=impl)
-        kept_flat, kept_tokens, beam_flat = finish_search(search, a["d"])
+        kept_flat, kept_tokens, beam_flat = finish_search(search, a["d"], impl=impl)
         tree = build_tree(a["roots"], kept_flat, kept_tokens, beam_flat, a["seq_lens"], topk=k, num_steps=steps,
                           impl=impl)
         return {f: getattr(tree, f) for f in TREE_FIELDS} | {"kept_flat": kept_flat}
