@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cuda
 MARGIN = 1.1     # the measured count + 10%
 PROMPTS = [[3, 14, 15, 92, 65, 35, 89], [79, 32, 38], [46, 26, 43, 38, 32, 79, 50, 28, 84]]
 # Kernels of one captured step, tiny preset, bfloat16, bs 3 (bucket 4), measured on an H100.
-MEASURED = {"target-only": 33, "eagle-S3-k1": 83, "eagle-S3-k4-D8": 132}
+MEASURED = {"target-only": 33, "eagle-S3-k1": 81, "eagle-S3-k4-D8": 105}
 SPECS = {"target-only": None, "eagle-S3-k1": SpecConfig(num_steps=3, topk=1),
          "eagle-S3-k4-D8": SpecConfig(num_steps=3, topk=4, num_draft_tokens=8)}
 
