@@ -51,6 +51,19 @@ def packed_order_key(x, index, n):
 
 
 @triton.jit
+def best_keys(keys, BLOCK_K: tl.constexpr):
+    """The BLOCK_K largest of distinct int64 keys, largest first (the largest taken away BLOCK_K
+    times); LOWEST_KEY where there are fewer."""
+    slot = tl.arange(0, BLOCK_K)
+    best = tl.full([BLOCK_K], LOWEST_KEY, tl.int64)
+    for i in tl.static_range(BLOCK_K):
+        top = tl.max(keys, axis=0)
+        best = tl.where(slot == i, top, best)
+        keys = tl.where(keys == top, LOWEST_KEY, keys)
+    return best
+
+
+@triton.jit
 def _select_block_kernel(x_ptr, scale_ptr, key_ptr, max_ptr, sum_ptr, vocab, s_xn, s_sn, s_kn, s_bn,
                          HAS_SCALE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -66,14 +79,8 @@ def _select_block_kernel(x_ptr, scale_ptr, key_ptr, max_ptr, sum_ptr, vocab, s_x
     zmax = tl.max(tl.where(live & (z == z), z, float("-inf")), axis=0)
     e = tl.where(z == zmax, 1.0, tl.exp(z - zmax))
     total = tl.sum(tl.where(live, e, 0.0), axis=0)
-    packed = tl.where(live, packed_order_key(x, cols, vocab), LOWEST_KEY)
-    slot = tl.arange(0, BLOCK_K)
-    best = tl.full([BLOCK_K], LOWEST_KEY, tl.int64)
-    for i in tl.static_range(BLOCK_K):                 # the block's best keys, best first
-        top = tl.max(packed, axis=0)
-        best = tl.where(slot == i, top, best)
-        packed = tl.where(packed == top, LOWEST_KEY, packed)
-    tl.store(key_ptr + row * s_kn + blk * BLOCK_K + slot, best)
+    best = best_keys(tl.where(live, packed_order_key(x, cols, vocab), LOWEST_KEY), BLOCK_K)   # the block's, best first
+    tl.store(key_ptr + row * s_kn + blk * BLOCK_K + tl.arange(0, BLOCK_K), best)
     tl.store(max_ptr + row * s_bn + blk, zmax)
     tl.store(sum_ptr + row * s_bn + blk, total)
 
@@ -97,12 +104,8 @@ def _select_merge_kernel(x_ptr, scale_ptr, key_ptr, max_ptr, sum_ptr, p_ptr, idx
 
     c = tl.arange(0, BLOCK_C)
     cand = tl.load(key_ptr + row * s_kn + c, mask=c < num_blocks * BLOCK_K, other=LOWEST_KEY)
+    best = best_keys(cand, BLOCK_K)                    # the row's best keys, best first
     slot = tl.arange(0, BLOCK_K)
-    best = tl.full([BLOCK_K], LOWEST_KEY, tl.int64)
-    for i in tl.static_range(BLOCK_K):                 # the row's best keys, best first
-        top = tl.max(cand, axis=0)
-        best = tl.where(slot == i, top, best)
-        cand = tl.where(cand == top, LOWEST_KEY, cand)
     kept = slot < topk
     index = (vocab - 1 - (best - ((best >> 32) << 32))).to(tl.int64)   # the low half: the reversed index
     z = tl.load(x_ptr + row * s_xn + index, mask=kept, other=0.0).to(tl.float32) * scale
