@@ -213,18 +213,16 @@ def keep_candidates_impl(scores: torch.Tensor, tokens: torch.Tensor, keep: int,
     """(kept_flat [bs, keep], kept_tokens [bs, keep]): the wrapper behind `ops.keep_candidates`
     (inputs already checked). "auto": one Triton kernel on CUDA tensors (one program per request),
     torch's stable top-k and sort elsewhere."""
-    if pick_impl(impl, scores.device) != "triton" or keep == 0:
-        if keep == 0:
-            empty = torch.empty((scores.shape[0], 0), dtype=torch.int64, device=scores.device)
-            return empty, empty.clone()
-        return _keep_torch(scores, tokens, keep)
-    check_launchable(_keep_candidates_kernel, scores.device)
     bs, m = scores.shape
+    if bs and keep and pick_impl(impl, scores.device) != "triton":
+        return _keep_torch(scores, tokens, keep)
     kept_flat = torch.empty((bs, keep), dtype=torch.int64, device=scores.device)
     kept_tokens = torch.empty((bs, keep), dtype=torch.int64, device=scores.device)
-    if bs:
-        block_m = max(triton.next_power_of_2(m), 2)
-        _keep_candidates_kernel[(bs,)](scores, tokens, kept_flat, kept_tokens, m, keep, scores.stride(0),
-                                       tokens.stride(0), kept_flat.stride(0), kept_tokens.stride(0), BLOCK_M=block_m,
-                                       num_warps=4 if block_m <= 256 else 8)
+    if bs == 0 or keep == 0:
+        return kept_flat, kept_tokens
+    check_launchable(_keep_candidates_kernel, scores.device)
+    block_m = max(triton.next_power_of_2(m), 2)
+    _keep_candidates_kernel[(bs,)](scores, tokens, kept_flat, kept_tokens, m, keep, scores.stride(0), tokens.stride(0),
+                                   kept_flat.stride(0), kept_tokens.stride(0), BLOCK_M=block_m,
+                                   num_warps=4 if block_m <= 256 else 8)
     return kept_flat, kept_tokens
