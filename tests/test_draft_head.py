@@ -213,7 +213,7 @@ def test_fused_steering_equals_the_tensor_rule(dtype, vocab, per_row_ids, seed):
 def test_fused_steering_sees_the_last_column_and_a_nan_in_any_block(seed):
     """A vocabulary one past a kernel block, every row on the path and agreeing: the row whose
     maximum sits in the last column (the max pass's last, one-entry block), a row with a NaN in its
-    first block (the peak is NaN), and logits that are dense but not contiguous (the copy must be
+    first block and one with a NaN in its last (the peak is NaN either way), and logits that are dense but not contiguous (the copy must be
     contiguous). The fused steering equals the tensor rule bit for bit, on a copy and in place."""
     g = torch.Generator().manual_seed(seed)
     vocab, bs, q, ctx = STEER_BLOCK + 1, 2, 3, 9
@@ -225,13 +225,15 @@ def test_fused_steering_sees_the_last_column_and_a_nan_in_any_block(seed):
     logits = torch.randn((q, bs, vocab), generator=g).transpose(0, 1)   # [bs, q, V], dense, not contiguous
     logits[0, 0, vocab - 1] = 50.0                                     # the maximum in the last column
     logits[0, 1, 5] = float("nan")                                     # a NaN in the first block
+    logits[1, 2, vocab - 1] = float("nan")                             # and one in the last
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     oracle, req_ids, positions, tokens, logits = (t.to(dev) for t in (oracle, req_ids, positions, tokens, logits))
     assert not logits.is_contiguous()
     plan = steering_plan(oracle, 1.0, seed % 1000)
     want = steer_logits(logits, req_ids, positions, tokens, oracle, 1.0, seed % 1000, plan=plan)
     steered = want.flatten(0, 1)
-    assert steered[0].max() == 58.0 and steered[1].isnan().sum() == 2, "the cases must be on the path"
+    assert steered[0].max() == 58.0 and steered[1].isnan().sum() == 2 and steered[5].isnan().sum() == 2, \
+        "the cases must be on the path"
     got = steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan)
     assert got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)

@@ -3,6 +3,7 @@ gap before it, and the engine source line that launched it (from an eager step o
 decoder: a graph replays exactly the eager step's launches, in order, on one stream).
 
     PYTHONPATH=. python3 benchmarks/experiments/kernel_sequence.py [--case k1|k4|target] [--bs 1] [--preset small]
+        [--steered]     # the draft steered to agreement 0.7 as the aims benchmark runs it
 
 Torch kernels are tied to their source by the profiler's Python stack of the launching op; a
 Triton launch (the driver API, which the profiler does not tie to an op) by a hook on
@@ -31,6 +32,7 @@ from specverify.engine.spec_config import SpecConfig  # noqa: E402
 from specverify.engine.speculative import SpecDecoder  # noqa: E402
 from specverify.engine.target_only import TargetOnlyDecoder  # noqa: E402
 from specverify.models import build_models  # noqa: E402
+from tests.support.steering import steered_models  # noqa: E402
 
 CASES = {"target": None, "k1": SpecConfig(num_steps=3, topk=1),
          "k4": SpecConfig(num_steps=3, topk=4, num_draft_tokens=8)}
@@ -118,9 +120,13 @@ def main() -> None:
     ap.add_argument("--case", default="k1", choices=sorted(CASES))
     ap.add_argument("--bs", type=int, default=1)
     ap.add_argument("--preset", default="small")
+    ap.add_argument("--steered", action="store_true", help="steer the draft to agreement 0.7 (tests/support/steering.py)")
     args = ap.parse_args()
     models = build_models(args.preset, seed=0, device="cuda", compute_dtype="bfloat16", logits_dtype="bfloat16")
     spec = CASES[args.case]
+    if args.steered and spec is not None:
+        models = steered_models(models, make_prompts(args.bs, models.config.vocab_size, 0), 200, agreement=0.7,
+                                spec=spec)
     eager = make(models, spec, args.bs, False)
     for _ in range(2):
         eager.step()
@@ -131,7 +137,8 @@ def main() -> None:
     for _ in range(2):
         graph.step()
     rep = replay_kernels(graph)
-    print(f"# {args.preset} {args.case} bs {args.bs}: {len(rep)} kernels replayed, {len(src)} launched eager; "
+    steered = " steered 0.7" if args.steered and spec is not None else ""
+    print(f"# {args.preset} {args.case}{steered} bs {args.bs}: {len(rep)} kernels replayed, {len(src)} launched eager; "
           f"kernel us {sum(r[1] for r in rep):.1f}, gap us {sum(r[2] for r in rep):.1f}")
     print("| # | kernel | us | gap before | source (eager) |\n|---|---|---|---|---|")
     for i, (name, dur, gap) in enumerate(rep):

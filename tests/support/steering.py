@@ -34,13 +34,15 @@ node whose token happens to equal the oracle's at its position is steered too. T
 pure torch on any float dtype and device, with no host syncs, so it runs inside captured CUDA
 graphs; the reference speculative decoder applies the same function to its own logits.
 
-On a GPU `SteeredDraft` runs the rule as one Triton kernel, `steer_logits_fused`, equal to the
+On a GPU `SteeredDraft` runs the rule as two Triton kernels, `steer_logits_fused`, equal to the
 tensor rule bit for bit (tests/test_draft_head.py, interpreted on the CPU; mutants in
 tests/mutants/steering.toml). The tensor rule is some 30 small kernels per draft forward: with it
-the benchmarked EAGLE S3 k1 cycle took 0.899 ms on an H100, with the kernel 0.629 ms (the same engine
-and target step; issue 25). That time was the knob's, not the engine's. The kernel steers the
-head's fresh logits in place: one pass for each row's maximum and one store (a first form copied
-every row, ~18 us a draft forward on an H100, step_anatomy.py).
+the benchmarked EAGLE S3 k1 cycle took 0.899 ms on an H100, with one kernel 0.629 ms (the same engine
+and target step; issue 25). That time was the knob's, not the engine's. The kernels steer the
+head's fresh logits in place: one program per (row, block of STEER_BLOCK logits) for the parts of
+each row's maximum, then one program per row merges them and stores its one entry. (A first form
+copied every row, ~18 us a draft forward on an H100, step_anatomy.py; the next, one program per
+row walking the whole vocabulary, cost the steered k1 cycle 61-72 us on an H100, host_gap.py.)
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ from specverify.models.layers import lane_rows
 
 PEAK_MARGIN = 8.0   # logit margin that makes the steered token the unambiguous top choice
 _MARGIN = tl.constexpr(PEAK_MARGIN)
-STEER_BLOCK = 4096  # vocabulary entries per block of the fused steering kernel (its max pass)
-STEER_WARPS = 8
+STEER_BLOCK = 2048  # vocabulary entries per program of the fused steering's max pass
+STEER_WARPS = 4
 
 _M32 = 0xFFFFFFFF
 
@@ -137,13 +139,29 @@ def steer_logits(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.T
 
 
 @triton.jit
-def _steer_kernel(logits_ptr, req_ptr, pos_ptr, tok_ptr, lanes_ptr, oracle_ptr, plan_ptr, q, ctx,
-                  s_lr, s_rb, s_rq, s_pb, s_pq, s_tb, s_tq, s_lane, s_oracle, s_plan,
-                  VOCAB: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr, TO_BF16: tl.constexpr,
-                  LANES: tl.constexpr):
-    """One program per logits row: `steer_logits`'s rule for that row, in place. One pass for the
-    row's maximum, then the one steered entry stored (the row's other entries are never written).
-    LANES: logits row b is lane lanes[b] of request b (a draft-extend's one row per request)."""
+def _steer_max_kernel(logits_ptr, top_ptr, nan_ptr, s_lr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+                      WIDE: tl.constexpr):
+    """Program (row, blk): the maximum of block blk of the row's logits with NaN left out, and
+    whether the block holds a NaN (the row maximum's parts; `_steer_store_kernel` merges them)."""
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    acc_dtype = tl.float64 if WIDE else tl.float32
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(logits_ptr + row * s_lr + cols, mask=cols < VOCAB, other=float("-inf")).to(acc_dtype)
+    part = row * tl.num_programs(1) + blk
+    tl.store(top_ptr + part, tl.max(tl.where(x != x, float("-inf"), x)))
+    tl.store(nan_ptr + part, tl.sum((x != x).to(tl.int32)))
+
+
+@triton.jit
+def _steer_store_kernel(logits_ptr, top_ptr, nan_ptr, req_ptr, pos_ptr, tok_ptr, lanes_ptr, oracle_ptr, plan_ptr,
+                        q, ctx, s_lr, s_rb, s_rq, s_pb, s_pq, s_tb, s_tq, s_lane, s_oracle, s_plan,
+                        VOCAB: tl.constexpr, BLOCKS: tl.constexpr, SPAN: tl.constexpr, TO_BF16: tl.constexpr,
+                        LANES: tl.constexpr):
+    """One program per logits row: `steer_logits`'s rule for that row, in place, from the row
+    maximum's BLOCKS parts (NaN propagating as amax does); the one steered entry is stored, the
+    row's other entries are never written. LANES: logits row b is lane lanes[b] of request b (a
+    draft-extend's one row per request)."""
     row = tl.program_id(0)
     if LANES:
         b = row
@@ -163,14 +181,10 @@ def _steer_kernel(logits_ptr, req_ptr, pos_ptr, tok_ptr, lanes_ptr, oracle_ptr, 
     on = (known == tok) & (decided != -1) & (pos >= 0) & (pos < ctx)
     agree = decided >= 0
     nxt = tl.maximum(tl.where(agree, decided, -2 - decided), 0)
-    acc_dtype = tl.float64 if WIDE else tl.float32
-    top = tl.full((), float("-inf"), acc_dtype)
-    nans = 0
-    for start in range(0, VOCAB, BLOCK):           # the row's maximum, NaN propagating as amax does
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(logits_ptr + row * s_lr + cols, mask=cols < VOCAB, other=float("-inf")).to(acc_dtype)
-        nans += tl.sum((x != x).to(tl.int32))
-        top = tl.maximum(top, tl.max(tl.where(x != x, float("-inf"), x)))
+    blocks = tl.arange(0, SPAN)
+    parts = row * BLOCKS + blocks
+    top = tl.max(tl.load(top_ptr + parts, mask=blocks < BLOCKS, other=float("-inf")))
+    nans = tl.sum(tl.load(nan_ptr + parts, mask=blocks < BLOCKS, other=0))
     peak = tl.where(nans > 0, float("nan"), top + _MARGIN)
     if TO_BF16:    # to nearest even by the bits (the interpreter's own float32 -> bfloat16 truncates)
         bits = peak.to(tl.uint32, bitcast=True)
@@ -183,7 +197,7 @@ def _steer_kernel(logits_ptr, req_ptr, pos_ptr, tok_ptr, lanes_ptr, oracle_ptr, 
 def steer_logits_fused(logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor,
                        oracle: torch.Tensor, plan: torch.Tensor, *, in_place: bool = False,
                        lanes: torch.Tensor | None = None) -> torch.Tensor:
-    """`steer_logits` (same arguments, the plan given) in one Triton kernel: what a steered draft
+    """`steer_logits` (same arguments, the plan given) in two Triton kernels: what a steered draft
     forward costs on a GPU, where the tensor rule is some 30 small kernels that a benchmark would
     otherwise charge to the engine. positions / tokens: [bs, q] or [n];
     req_ids: [bs] or positions' shape; logits: positions' shape + [V].
@@ -205,14 +219,20 @@ def steer_logits_fused(logits: torch.Tensor, req_ids: torch.Tensor, positions: t
     out = logits if in_place else logits.clone(memory_format=torch.contiguous_format)
     vocab = out.shape[-1]
     flat = out.view(-1, vocab)
-    if flat.shape[0]:
-        _steer_kernel[(flat.shape[0],)](
-            flat, r, positions, tokens, positions if lanes is None else lanes, oracle, plan, positions.shape[1],
-            oracle.shape[1] - 1,
+    rows, blocks = flat.shape[0], triton.cdiv(vocab, STEER_BLOCK)
+    if rows:
+        wide = out.dtype == torch.float64
+        top = torch.empty((rows, blocks), dtype=torch.float64 if wide else torch.float32, device=out.device)
+        nans = torch.empty((rows, blocks), dtype=torch.int32, device=out.device)
+        _steer_max_kernel[(rows, blocks)](flat, top, nans, flat.stride(0), VOCAB=vocab, BLOCK=STEER_BLOCK, WIDE=wide,
+                                          num_warps=STEER_WARPS)
+        _steer_store_kernel[(rows,)](
+            flat, top, nans, r, positions, tokens, positions if lanes is None else lanes, oracle, plan,
+            positions.shape[1], oracle.shape[1] - 1,
             flat.stride(0), *r.stride(), *positions.stride(), *tokens.stride(), 0 if lanes is None else lanes.stride(0),
             oracle.stride(0), plan.stride(0),
-            VOCAB=vocab, BLOCK=STEER_BLOCK, WIDE=out.dtype == torch.float64, TO_BF16=out.dtype == torch.bfloat16,
-            LANES=lanes is not None, num_warps=STEER_WARPS)
+            VOCAB=vocab, BLOCKS=blocks, SPAN=triton.next_power_of_2(blocks), TO_BF16=out.dtype == torch.bfloat16,
+            LANES=lanes is not None, num_warps=1)
     return out
 
 
@@ -247,7 +267,7 @@ class SteeredDraft:
             raise ValueError("SteeredDraft needs Batch.req_ids (the engine fills it in every draft call)")
         logits, hidden = self.inner.compute_logits(cache, batch, features, at=at)
         fused = logits.is_cuda if self.fused is None else self.fused
-        if fused:                   # one kernel, in place: the knob should cost a benchmark next to nothing
+        if fused:                   # two kernels, in place: the knob should cost a benchmark next to nothing
             return steer_logits_fused(logits, batch.req_ids, batch.positions, batch.input_ids, self.oracle,
                                       self.plan, in_place=logits.is_contiguous(), lanes=at), hidden
         positions, tokens = batch.positions, batch.input_ids
