@@ -239,6 +239,26 @@ def wall_floor(res: dict, bs: int, f: dict) -> float | None:
     return None if step is None else (f["least_cycle_ms"] + step - f["target_ms"]) / step
 
 
+TAIL_RUNS = (("small", "EAGLE S3 k1", 8, 1.3), ("small", "naive EAGLE", 64, 1.3), ("medium", "EAGLE S3 k1", 8, 1.5),
+             ("medium", "MTP S3", 8, 1.5), ("medium", "DFlash B4", 8, 1.5))
+
+
+def tail_rows(small: dict, medium: dict | None) -> list:
+    rows = []
+    for preset, name, bs, aim in TAIL_RUNS:
+        res = small if preset == "small" else medium
+        if res is None or "error" in res[(name, bs)] or "error" in res[("target", bs)]:
+            continue
+        r, t = res[(name, bs)], res[("target", bs)]
+        whole, full = _ratio(r["tok_s"], t["tok_s"]), _ratio(r.get("full_tok_s"), t.get("full_tok_s"))
+        cycle = _ratio(r["cycle_ms"], t["cycle_ms"])
+        tokens = None if whole is None or cycle is None else whole * cycle
+        f = res["forwards"].get((name, bs))
+        rows.append([preset, name, bs, f"{_f(whole)}x / {_f(full)}x", f"{_f(cycle)}x", f"{_f(tokens)}", f">= {aim}x",
+                     f"<= {_f(_ratio(tokens, aim))}x", "-" if f is None else f"{_f(wall_floor(res, bs, f))}x"])
+    return rows
+
+
 def _forwards(small: dict | None, medium: dict | None):
     """(preset, cycle name, batch size, the preset's results, that cycle's forwards figures) of each
     measured preset."""
@@ -301,6 +321,16 @@ def main(argv=None) -> int:
     lines += table(["preset", "decoder", "bs", "full-batch steps", "ms / step", "tok/s", "full-batch tok/s",
                     "mean accept", "readbacks / step"], detail_rows(small, "small") + ([] if medium is None else
                                                                          detail_rows(medium, "medium")))
+    lines += ["", "## The tail (bs > 1): what the whole-run tok/s aims ask of the cycle", ""]
+    lines += table(["preset", "decoder", "bs", "tok/s ratio, whole run / full batch", "cycle / target step",
+                    "tokens a cycle over the whole run / a target step's", "aim", "cycle / target step the aim needs",
+                    "least wall-clock cycle / target step"], tail_rows(small, medium))
+    lines += ["", "A static batch drains: once its first request finishes, a cycle costs the same for fewer "
+              "tokens until the slowest request is done, where every target-only request finishes on the same "
+              "step. The whole-run ratio is the full-batch one less that tail. The tokens a cycle emits over "
+              "the whole run, against a target step's (the tok/s ratio times the cycle ratio), divided by the "
+              "aim, is the cycle / target-step ratio at which the whole-run aim would be met; the last column "
+              "(the section below) is the least any cycle with these forwards can cost."]
     lines += ["", "## Floors (bs 1, measured on this device)", ""]
     frows = []
     for preset, res in (("small", small), ("medium", medium)):
