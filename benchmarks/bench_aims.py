@@ -80,14 +80,16 @@ def floors(models) -> dict:
 
 
 FLOOR_CONTEXT = 48       # cached tokens of each request the forward floors run over
-FLOOR_BATCHES = (1, 8)   # the batch sizes of the small preset's cycle aims
+FLOOR_ALGORITHMS = ("eagle", "naive_eagle")   # the cycles measured forward by forward (at their aims' batch sizes)
 
 
 def forward_floors(models, spec: SpecConfig, bs: int) -> dict:
     """ms of the forwards alone, `bs` requests of FLOOR_CONTEXT cached tokens, one graph, no
     bookkeeping between them: a target-only step's one decode forward, and an EAGLE cycle's forwards
     (the verify over its D nodes, the draft-extend over S + 1 tokens, the S - 1 draft steps over k
-    tokens each; chains, which cost what the trees cost). Their ratio is what the cycle /
+    tokens each; chains, which cost what the trees cost; naive EAGLE, D = 2 and S = 1: a verify of
+    2 tokens, whose attention reads the prefix as a chain here where the engine reads it through a
+    slot list, and an extend of 2). Their ratio is what the cycle /
     target-step ratio cannot go below on the device while the forwards stay as they are."""
     target, head, cfg = models.target, models.draft, models.config
     cache = target.new_cache(max_requests=bs + 1, page_size=1)
@@ -150,7 +152,7 @@ def measure(preset: str, specs: dict, plan: dict, args) -> dict:
     steered, oracle_ms = steered_for(models, prompts, list(specs.values()), args, "cuda")
     out = {"build_s": build_s, "oracle_ms": oracle_ms, "config": models.config, "floors": floors(models),
            "forwards": {(name, bs): forward_floors(models, spec, bs) for name, spec in specs.items()
-                        if spec.algorithm == "eagle" for bs in FLOOR_BATCHES}}
+                        if spec.algorithm in FLOOR_ALGORITHMS for bs in plan[name]}}
     for name, sizes in plan.items():
         for bs in sizes:
             if name == "target":
