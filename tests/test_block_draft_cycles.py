@@ -158,6 +158,9 @@ class RecordingHead:
     def hidden_states(self, cache, batch, features):
         return self.inner.hidden_states(cache, batch, features)
 
+    def write_kv(self, cache, batch, features):
+        self.inner.write_kv(cache, batch, features)
+
 
 def test_dflash_block_rows_see_every_context_and_block_row():
     """The prefill's draft: each block row's logits equal the reference head's over all context rows

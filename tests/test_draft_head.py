@@ -51,6 +51,48 @@ def test_draft_extend_then_decode_equals_one_extend(seed):
                      f"draft logits at {j}")
 
 
+@pytest.mark.parametrize("compute_dtype", ["float64", "bfloat16"])
+@pytest.mark.parametrize("head", ["draft", "mtp1"])
+def test_write_kv_writes_the_forwards_kv_and_nothing_else(compute_dtype, head, seed):
+    """`write_kv` (an MTP head's context rows: no attention, MLP or lm_head) writes the K/V the
+    whole forward writes, bit for bit (the same kernels on the same shapes), into the head's own
+    draft layer only: every other draft layer, the target's K/V and the slot table stay as they
+    were. Rows with padding (q_lens < q) write the sink as the forward does; positions differ per
+    row. On a GPU the fused rotary kernel writes, on the CPU the torch path."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    models = build_models("tiny", seed=seed % 1000, compute_dtype=compute_dtype, device=dev)
+    draft = models.draft if head == "draft" else models.mtp[1]
+    cfg = models.config
+    g = torch.Generator().manual_seed(seed)
+    bs, q = 3, 4
+    tokens = torch.randint(0, cfg.vocab_size, (bs, q), generator=g)
+    feats = (torch.randn((bs, q, cfg.hidden_size), generator=g, dtype=torch.float64) * 3).to(draft.w["fc"].dtype)
+
+    def run(call):
+        cache = models.target.new_cache(max_requests=bs, draft_layers=len(models.mtp))
+        rows = [cache.table.alloc_row() for _ in range(bs)]
+        for r in rows:
+            cache.table.reserve(r, 3 + q)
+        cache.table.flush()
+        cache.kv.stacked.normal_(generator=torch.Generator(dev).manual_seed(1))
+        cache.draft_kv.stacked.normal_(generator=torch.Generator(dev).manual_seed(2))
+        batch = draft_batch(rows, [2, 0, 3], tokens)
+        batch.q_lens = torch.tensor([q, q - 2, 1])                       # padded lanes write the sink
+        batch = dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
+                                              if torch.is_tensor(getattr(batch, f.name))})
+        table = cache.table.req_to_token.clone()
+        call(cache, batch, feats.to(dev))
+        assert torch.equal(cache.table.req_to_token, table)
+        return cache.draft_kv.stacked.cpu(), cache.kv.stacked.cpu()
+
+    untouched, target_kv = run(lambda cache, batch, f: None)
+    whole, whole_target = run(lambda cache, batch, f: draft.forward(cache, batch, f))
+    only, only_target = run(lambda cache, batch, f: draft.write_kv(cache, batch, f))
+    assert not torch.equal(whole, untouched), "the forward must write some K/V"
+    assert torch.equal(only, whole), "write_kv writes the forward's K/V, bit for bit"
+    assert torch.equal(only_target, target_kv) and torch.equal(whole_target, target_kv)
+
+
 def steered_logits(agreement, logits_dtype, n=512, seed=0):
     """n one-token requests (request i = row i at position 0) through a SteeredDraft whose oracle
     puts row i on the path (oracle[i, 0] == its token) except the first 8 rows (next token

@@ -215,6 +215,10 @@ class LaneRecorder:
         self._record(batch)
         return self.inner.hidden_states(cache, batch, features)
 
+    def write_kv(self, cache, batch, features):
+        self._record(batch)
+        self.inner.write_kv(cache, batch, features)
+
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree", "mtp", "dflash"])

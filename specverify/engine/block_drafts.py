@@ -39,7 +39,7 @@ class MtpCycle(EagleCycle):
         plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
         root = heads[0].forward(self.cache, batch, feats, at=plan.last)   # head 0 drafts d_1 from the root's row
         for j in range(1, self.S):
-            heads[j].hidden_states(self.cache, batch, feats)              # the other heads' context: K/V only
+            heads[j].write_kv(self.cache, batch, feats)                   # the other heads' context: K/V only
         token = self._top1(root.logits[:, 0], root.scale[:, 0])             # [bs, 1] d_1
         hidden = root.hidden                                                # [bs, 1, H] the row that produced d_1
         drafts = [token]

@@ -10,7 +10,8 @@ which no other launch must round alike (docs/semantics.md 6.20).
 `forward` is the whole head. It is split in two so a wrapper can work on the compute-dtype
 logits before they are delivered in the logits dtype: `compute_logits` (the network) and
 `deliver` (the conversion to the logits dtype, FP8 scale included). The engine sees a draft
-model with `forward(cache, batch, features, at=None)` and nothing else.
+model with `forward(cache, batch, features, at=None)`, `hidden_states` (the network without the
+lm_head) and `write_kv` (the K/V of the new tokens and nothing else).
 """
 
 from __future__ import annotations
@@ -47,24 +48,37 @@ class DraftHead:
     def hidden_states(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor) -> torch.Tensor:
         """The head's network without its final norm and lm_head: writes the new tokens' K/V into
         the draft cache and returns the hidden [bs, q, H]. A draft-extend whose logits nobody reads
-        (an MTP head past the first, DFlash's context rows) calls this instead of `forward`, and
-        pays for no full-vocabulary matmul."""
+        (DFlash's context rows) calls this instead of `forward`, and pays for no full-vocabulary
+        matmul."""
         x, mlp = self._layer(cache, batch, features)
         return x + mlp
+
+    def write_kv(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor) -> None:
+        """Only the new tokens' K/V into the head's draft cache layer, the values `forward` writes:
+        the embedding concat, fc, the attention norm and the q / k / v projections with RoPE. A
+        draft-extend that needs nothing but a head's context (an MTP head past the first) calls
+        this, and runs no attention, MLP or lm_head."""
+        cfg = self.config
+        x, n, plan = self._attention_input(cache, batch, features)
+        layers.write_kv(n, self.w, "layer", cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer], plan,
+                        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+
+    def _attention_input(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor):
+        """(residual stream x [bs, q, H], its attention norm n, the forward's attention plan)."""
+        # [embedding | feature] of each token (one kernel on a GPU: `ops.embed_concat`), then fc.
+        x = embed_concat_impl(batch.input_ids, self.embed, features.to(self.embed.dtype)) @ self.w["fc"]
+        n, _ = layers.add_rmsnorm(x, None, self.w["layer.attn_norm"], self.config.norm_eps)
+        return x, n, layers.plan_attention(batch, cache.table.req_to_token, self.rotary, x.dtype)
 
     def _layer(self, cache: ModelCache, batch: layers.Batch,
                features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's layer up to its last residual add: (residual stream [bs, q, H], MLP output);
         the hidden state is their sum."""
         cfg, w = self.config, self.w
-        # [embedding | feature] of each token (one kernel on a GPU: `ops.embed_concat`), then fc.
-        x = embed_concat_impl(batch.input_ids, self.embed, features.to(self.embed.dtype)) @ w["fc"]
-        n, _ = layers.add_rmsnorm(x, None, w["layer.attn_norm"], cfg.norm_eps)
-        table = cache.table.req_to_token
+        x, n, plan = self._attention_input(cache, batch, features)
         mixed = layers.attention(n, w, "layer", batch, cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer],
-                                 table, layers.plan_attention(batch, table, self.rotary, x.dtype),
-                                 num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                                 tensor_cores=True)
+                                 cache.table.req_to_token, plan, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                                 head_dim=cfg.head_dim, tensor_cores=True)
         n, x = layers.add_rmsnorm(x, mixed, w["layer.mlp_norm"], cfg.norm_eps)
         return x, layers.swiglu_mlp(n, w, "layer")
 

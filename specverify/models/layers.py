@@ -195,6 +195,28 @@ def fuse_qkv(w: dict, prefix: str) -> None:
     w[f"{prefix}.wqkv"] = torch.cat([w[f"{prefix}.wq"], w[f"{prefix}.wk"], w[f"{prefix}.wv"]], dim=1)
 
 
+def write_kv(x: torch.Tensor, w: dict, prefix: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             plan: AttentionPlan, *, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """An attention layer's first half: the q / k / v projections of x [bs, q, H] (normed input),
+    RoPE on the query and key heads, and the new tokens' K / V written at plan.slots. Returns the
+    rotated query heads [bs, q, num_heads, head_dim]. A forward that needs only a layer's K / V (an
+    MTP head's context rows) stops here."""
+    bs, q, _ = x.shape
+    qkv = x @ w[f"{prefix}.wqkv"]
+    if plan.rotary is None:
+        # Fused: RoPE on the query and key heads and the K / V write in one kernel.
+        return rotary_kv_write_impl(qkv.view(bs * q, num_heads + 2 * num_kv_heads, head_dim), plan.positions,
+                                    *plan.tables, k_cache, v_cache, plan.slots, num_heads).view(bs, q, num_heads, head_dim)
+    qkv = qkv.view(bs, q, num_heads + 2 * num_kv_heads, head_dim)
+    # RoPE on the query and key heads together, then the three apart (views).
+    qk = rope(qkv[:, :, :num_heads + num_kv_heads], plan.rotary)
+    qh, kh = qk[:, :, :num_heads], qk[:, :, num_heads:]
+    vh = qkv[:, :, num_heads + num_kv_heads:]
+    k_cache[plan.slots] = kh.reshape(-1, num_kv_heads, head_dim).to(k_cache.dtype)
+    v_cache[plan.slots] = vh.reshape(-1, num_kv_heads, head_dim).to(v_cache.dtype)
+    return qh
+
+
 def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torch.Tensor,
               v_cache: torch.Tensor, req_to_token: torch.Tensor, plan: AttentionPlan, *, num_heads: int,
               num_kv_heads: int, head_dim: int, tensor_cores: bool = False) -> torch.Tensor:
@@ -203,20 +225,8 @@ def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torc
     # (`ops.paged_attention`): for a draft head, whose rows no other launch must round alike. The
     # target's rows take the FMA units, as the indexed kernel does (docs/semantics.md 6.20).
     bs, q, _ = x.shape
-    qkv = x @ w[f"{prefix}.wqkv"]
-    if plan.rotary is None:
-        # Fused: RoPE on the query and key heads and the K / V write in one kernel.
-        qh = rotary_kv_write_impl(qkv.view(bs * q, num_heads + 2 * num_kv_heads, head_dim), plan.positions,
-                                  *plan.tables, k_cache, v_cache, plan.slots, num_heads).view(bs, q, num_heads, head_dim)
-    else:
-        qkv = qkv.view(bs, q, num_heads + 2 * num_kv_heads, head_dim)
-        # RoPE on the query and key heads together, then the three apart (views).
-        qk = rope(qkv[:, :, :num_heads + num_kv_heads], plan.rotary)
-        qh, kh = qk[:, :, :num_heads], qk[:, :, num_heads:]
-        vh = qkv[:, :, num_heads + num_kv_heads:]
-        k_cache[plan.slots] = kh.reshape(-1, num_kv_heads, head_dim).to(k_cache.dtype)
-        v_cache[plan.slots] = vh.reshape(-1, num_kv_heads, head_dim).to(v_cache.dtype)
-
+    qh = write_kv(x, w, prefix, k_cache, v_cache, plan, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                  head_dim=head_dim)
     scale = 1.0 / math.sqrt(head_dim)
     if plan.kv_index_list is not None:
         # Every query token its own decode query over an explicit slot list (naive EAGLE's verify).
