@@ -80,7 +80,7 @@ def floors(models) -> dict:
 
 
 FLOOR_CONTEXT = 48       # cached tokens of each request the forward floors run over
-FLOOR_ALGORITHMS = ("eagle", "naive_eagle")   # the cycles measured forward by forward (at their aims' batch sizes)
+FLOOR_ALGORITHMS = ("eagle", "naive_eagle", "mtp")   # the cycles measured forward by forward (at their aims' batch sizes)
 
 
 def forward_floors(models, spec: SpecConfig, bs: int) -> dict:
@@ -89,10 +89,14 @@ def forward_floors(models, spec: SpecConfig, bs: int) -> dict:
     (the verify over its D nodes, the draft-extend over S + 1 tokens, the S - 1 draft steps over k
     tokens each; chains, which cost what the trees cost; naive EAGLE, D = 2 and S = 1: a verify of
     2 tokens, whose attention reads the prefix as a chain here where the engine reads it through a
-    slot list, and an extend of 2). Their ratio is what the cycle /
-    target-step ratio cannot go below on the device while the forwards stay as they are."""
-    target, head, cfg = models.target, models.draft, models.config
-    cache = target.new_cache(max_requests=bs + 1, page_size=1)
+    slot list, and an extend of 2; MTP: head 0's extend, heads 1.. writing their context K/V over
+    the same rows, then step j on head j). Their ratio is what the cycle / target-step ratio
+    cannot go below on the device while the forwards stay as they are."""
+    target, cfg = models.target, models.config
+    mtp = spec.algorithm == "mtp"
+    heads = models.mtp if mtp else [models.draft] * spec.num_steps
+    head = heads[0]
+    cache = target.new_cache(max_requests=bs + 1, page_size=1, draft_layers=len(heads) if mtp else 1)
     i64 = dict(dtype=torch.int64, device=target.device)
     rows = []
     for _ in range(bs):
@@ -118,11 +122,16 @@ def forward_floors(models, spec: SpecConfig, bs: int) -> dict:
     def draft_step():
         head.forward(cache, step, feats[1])
 
+    def context():                  # an MTP head's context rows: their K/V only
+        heads[-1].write_kv(cache, extend, feats[0])
+
     def cycle_forwards():
         verify_forward()
         head.forward(cache, extend, feats[0], at=root)
-        for _ in range(s - 1):
-            draft_step()
+        for j in range(1, s if mtp else 1):
+            heads[j].write_kv(cache, extend, feats[0])
+        for j in range(1, s):
+            heads[j].forward(cache, step, feats[1])
 
     # What a draft forward cannot cost less than as the head is built: its network up to its last
     # norm over a step's k tokens (`hidden_states`: the embedding concat, the fc matmul and its
@@ -136,8 +145,10 @@ def forward_floors(models, spec: SpecConfig, bs: int) -> dict:
     out = {"target_ms": graph_ms(target_forward, reps=4), "cycle_ms": graph_ms(cycle_forwards, reps=4),
            "verify_ms": graph_ms(verify_forward, reps=4), "draft_step_ms": graph_ms(draft_step, reps=8),
            "network_ms": graph_ms(head_network, reps=8), "lm_head_ms": graph_ms(lambda: x @ head.lm_head, reps=8)}
-    # The cycle's forwards with every draft forward at that least: its verify, then S of them.
-    out["least_cycle_ms"] = out["verify_ms"] + s * (out["network_ms"] + out["lm_head_ms"])
+    out["context_ms"] = graph_ms(context, reps=8) if mtp else 0.0
+    # The cycle's forwards with every draft forward at that least: its verify, then S of them (and
+    # MTP's S - 1 context writes).
+    out["least_cycle_ms"] = out["verify_ms"] + s * (out["network_ms"] + out["lm_head_ms"]) + (s - 1) * out["context_ms"]
     return out
 
 
@@ -371,14 +382,15 @@ def main(argv=None) -> int:
             for preset, name, bs, res, f in _forwards(small, medium)]
     lines += table(["preset", "cycle", "bs", "target forward", "verify forward", "a draft step's forward",
                     "the head's network to its last norm (k tokens a request)", "lm_head matmul",
-                    "verify + S x (network + lm_head)", "the same over the target forward",
+                    "verify + S x (network + lm_head), + MTP's S - 1 context K/V writes", "the same over the target forward",
                     "the same plus the target step's time outside its forward, over the target step"], rows)
     lines += ["", "A draft head's forward is its network up to its last norm (the embedding concat, the fc matmul, "
               "one decoder layer with its attention on the tensor cores: `DraftHead.hidden_states`) and the "
               "full-vocabulary lm_head, each measured here alone; its last norm and the argmax are left out, as if "
               "fused away for free. The last column is the device-only cycle / target ratio of a cycle whose draft "
               "forwards cost only that: a lower bound on the k1 cycle's ratio with this head's kernels (the k4 "
-              "tree's steps run 4 tokens, so for it a looser one). The last but one adds to it what the measured "
+              "tree's steps run 4 tokens, so for it a looser one). An MTP cycle also pays S - 1 context writes "
+              "(heads 1.. put the extend rows' K/V into their layers: `DraftHead.write_kv`), each measured alone. The last but one adds to it what the measured "
               "target-only step spends outside its forward (its argmax, emit, readback and host time; a cycle "
               "does all of that and more) and divides by that step: the least wall-clock cycle / target-step "
               "ratio."]
