@@ -52,17 +52,11 @@ def test_draft_extend_then_decode_equals_one_extend(seed):
                      f"draft logits at {j}")
 
 
-@pytest.mark.parametrize("compute_dtype", ["float64", "bfloat16"])
-@pytest.mark.parametrize("head", ["draft", "mtp1"])
-def test_write_kv_writes_the_forwards_kv_and_nothing_else(compute_dtype, head, seed):
-    """`write_kv` (an MTP head's context rows: no attention, MLP or lm_head) writes the K/V the
-    whole forward writes, bit for bit (the same kernels on the same shapes), into the head's own
-    draft layer only: every other draft layer, the target's K/V and the slot table stay as they
-    were. Rows with padding (q_lens < q) write the sink as the forward does; positions differ per
-    row. On a GPU the fused rotary kernel writes, on the CPU the torch path."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    models = build_models("tiny", seed=seed % 1000, compute_dtype=compute_dtype, device=dev)
-    draft = models.draft if head == "draft" else models.mtp[1]
+def assert_write_kv_writes_the_forwards_kv(models, draft, seed: int, dev) -> None:
+    """`draft.write_kv` writes the K/V `draft.forward` writes, bit for bit, into the head's own
+    draft layer only: three runs from one random cache (nothing, the forward, write_kv) over 3
+    requests at other positions with padded lanes; the sink slot is left out of the exact
+    comparison (every padded token's K/V lands there, the last write the device's choice)."""
     cfg = models.config
     g = torch.Generator().manual_seed(seed)
     bs, q = 3, 4
@@ -89,13 +83,25 @@ def test_write_kv_writes_the_forwards_kv_and_nothing_else(compute_dtype, head, s
     untouched, target_kv = run(lambda cache, batch, f: None)
     whole, whole_target = run(lambda cache, batch, f: draft.forward(cache, batch, f))
     only, only_target = run(lambda cache, batch, f: draft.write_kv(cache, batch, f))
-    # The sink slot takes every padded token's K/V: which lands last is the device's choice, and
-    # nothing reads it. Every other slot compares exactly.
     kept = torch.arange(whole.shape[1]) != SINK_SLOT
     assert not torch.equal(whole[:, kept], untouched[:, kept]), "the forward must write some K/V"
     assert torch.equal(only[:, kept], whole[:, kept]), "write_kv writes the forward's K/V, bit for bit"
     assert not torch.equal(only[:, SINK_SLOT], untouched[:, SINK_SLOT]), "the padded tokens write the sink"
     assert torch.equal(only_target, target_kv) and torch.equal(whole_target, target_kv)
+
+
+@pytest.mark.parametrize("compute_dtype", ["float64", "bfloat16"])
+@pytest.mark.parametrize("head", ["draft", "mtp1"])
+def test_write_kv_writes_the_forwards_kv_and_nothing_else(compute_dtype, head, seed):
+    """`write_kv` (an MTP head's context rows: no attention, MLP or lm_head) writes the K/V the
+    whole forward writes, bit for bit (the same kernels on the same shapes), into the head's own
+    draft layer only: every other draft layer, the target's K/V and the slot table stay as they
+    were. Rows with padding (q_lens < q) write the sink as the forward does; positions differ per
+    row. On a GPU the fused rotary kernel writes, on the CPU the torch path (the fused path on the
+    CPU: tests/test_fused_layers.py)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    models = build_models("tiny", seed=seed % 1000, compute_dtype=compute_dtype, device=dev)
+    assert_write_kv_writes_the_forwards_kv(models, models.draft if head == "draft" else models.mtp[1], seed, dev)
 
 
 def steered_logits(agreement, logits_dtype, n=512, seed=0):
@@ -287,6 +293,32 @@ def test_fused_steering_sees_the_last_column_and_a_nan_in_any_block(seed):
     mine = logits.contiguous()
     steer_logits_fused(mine, req_ids, positions, tokens, oracle, plan, in_place=True)
     torch.testing.assert_close(mine, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("vocab", [2 * STEER_BLOCK, 2 * STEER_BLOCK + 1])
+def test_fused_steering_merges_many_blocks_of_negative_logits(vocab, seed):
+    """A vocabulary of whole blocks and one of three blocks (the merge's block span padded to 4),
+    log-probability-like logits (all negative, so a padded part read as 0 would win), the row
+    maximum in the last column, at the end of a full block, and a NaN in the last block: the fused
+    steering equals the tensor rule bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    bs, q, ctx = 2, 3, 9
+    oracle = torch.randint(0, vocab, (bs, ctx + 1), generator=g)
+    oracle[:, -1] = -1
+    positions = torch.randint(0, ctx - 1, (bs, q), generator=g)
+    req_ids = torch.arange(bs)
+    tokens = oracle[req_ids[:, None], positions]
+    logits = torch.randn((bs, q, vocab), generator=g) - 100.0
+    logits[0, 0, vocab - 1] = -50.0                                    # the maximum in the last column
+    logits[1, 0, 2 * STEER_BLOCK - 1] = -40.0                          # at the end of the second block
+    logits[1, 2, vocab - 1] = float("nan")                             # a NaN in the last block
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    oracle, req_ids, positions, tokens, logits = (t.to(dev) for t in (oracle, req_ids, positions, tokens, logits))
+    plan = steering_plan(oracle, 1.0, seed % 1000)
+    want = steer_logits(logits, req_ids, positions, tokens, oracle, 1.0, seed % 1000, plan=plan)
+    assert want.flatten(0, 1)[5].isnan().sum() == 2 and want[0, 0].max() == -42.0, "the cases must be on the path"
+    got = steer_logits_fused(logits, req_ids, positions, tokens, oracle, plan)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("per_row_ids", [False, True])

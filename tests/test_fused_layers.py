@@ -18,6 +18,7 @@ import specverify
 from specverify.kernels import fused_layers, token_slots
 from specverify.models import layers
 from tests.support.asserts import assert_close
+from tests.test_draft_head import assert_write_kv_writes_the_forwards_kv
 from tests.test_model_forward import PROMPTS, TREE_PARENTS, chain, run
 
 
@@ -36,6 +37,19 @@ def fused_on_cpu(monkeypatch):
         monkeypatch.setattr(fused_layers, "runs_triton",
                             lambda impl, device, dtype: impl in ("auto", "triton") and dtype != torch.float64)
         monkeypatch.setattr(layers, "token_slots_impl", lambda *args: token_slots.token_slots_impl(*args, impl="triton"))
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("head", ["draft", "mtp1"])
+def test_write_kv_on_the_fused_path_writes_the_forwards_kv(fused_on_cpu, compute_dtype, head, seed):
+    """`DraftHead.write_kv` through the fused rotary kernel (an MTP head's context rows on a GPU)
+    writes the K/V the head's whole fused forward writes, bit for bit, and nothing else
+    (tests/test_draft_head.py runs the torch path)."""
+    models = specverify.build_models("tiny", seed=seed % 1000, compute_dtype=compute_dtype, device=FUSED_DEVICE)
+    draft = models.draft if head == "draft" else models.mtp[1]
+    assert "layer.w_gate_up" in draft.w, "the head must be built on the fused path"
+    assert_write_kv_writes_the_forwards_kv(models, draft, seed, FUSED_DEVICE)
 
 
 @pytest.mark.kernels
