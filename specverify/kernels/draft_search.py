@@ -26,6 +26,7 @@ import triton.language as tl
 
 from specverify.kernels.draft_select import LOWEST_KEY, packed_order_key
 from specverify.kernels.launch import check_launchable, pick_impl
+from specverify.kernels.order import topk_stable
 
 # The Triton kernel ranks the k^2 candidates against each other in one [k^2, k^2] tile: up to
 # topk 16 (a 256 x 256 tile). A larger topk takes the torch path under "auto".
@@ -54,7 +55,6 @@ def candidate_base(topk: int, step: int) -> int:
 
 
 def _expand_torch(beam_scores, child_probs, child_tokens, ancestors, hidden, step: int) -> BeamStep:
-    from specverify.ops import topk_stable   # ops imports the kernels: resolve at call time
     bs, k = beam_scores.shape
     region = ancestors.shape[2]
     cand = (beam_scores[:, :, None] * child_probs).reshape(bs, k * k)          # float32 path products
@@ -202,7 +202,6 @@ def _keep_candidates_kernel(scores_ptr, tokens_ptr, flat_ptr, kept_tokens_ptr, m
 
 
 def _keep_torch(scores: torch.Tensor, tokens: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from specverify.ops import topk_stable   # ops imports the kernels: resolve at call time
     _, best = topk_stable(scores, keep)
     kept_flat = torch.sort(best, dim=1).values
     return kept_flat, tokens.gather(1, kept_flat)

@@ -59,7 +59,7 @@ class DraftHead:
         draft-extend that needs nothing but a head's context (an MTP head past the first) calls
         this, and runs no attention, MLP or lm_head."""
         cfg = self.config
-        x, n, plan = self._attention_input(cache, batch, features)
+        x, n, plan = self._attention_input(cache, batch, features)   # x: the residual stream, unused here
         layers.write_kv(n, self.w, "layer", cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer], plan,
                         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
 
