@@ -3,8 +3,8 @@ replayed back to back.
 
 For the small preset (bfloat16, greedy, captured, bucket shapes), target-only, EAGLE S3 k1 and S3 k4
 D8 at each batch size asked for, with the plain draft head and (--steered) with the draft steered to
-agreement 0.7 as the aims benchmark runs it (the steering's kernels are then in the graph): the mean wall time of 30 `step()` calls (graph replay, the one readback, the host's loop over
-the lanes), of 30 replays of the same graph with nothing between them, of 30 replays each followed
+agreement 0.7 as the aims benchmark runs it (the steering's kernels are then in the graph): the mean
+wall time of 30 `step()` calls (graph replay, the one readback, the host's loop over the lanes), of 30 replays of the same graph with nothing between them, of 30 replays each followed
 by a sync (what a step that must read its result back before the next launch pays at least), and
 the host time of one `replay()` call on an idle device (the graph's launch). Their difference is what
 the host adds to a step; the rest is the graph itself (its kernels and the gaps between them).
@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import sys
 import dataclasses
 import io
 import pstats
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -33,7 +34,7 @@ from specverify.engine.spec_config import SpecConfig
 from specverify.engine.speculative import SpecDecoder
 from specverify.engine.target_only import TargetOnlyDecoder
 
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/
 from bench_device_cycle import make_prompts  # noqa: E402
 from tests.support.steering import steered_models  # noqa: E402
 
