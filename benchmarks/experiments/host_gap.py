@@ -40,7 +40,8 @@ from tests.support.steering import steered_models  # noqa: E402
 
 STEPS = 30
 CASES = {"target-only": None, "EAGLE S3 k1": SpecConfig(num_steps=3, topk=1),
-         "EAGLE S3 k4 D8": SpecConfig(num_steps=3, topk=4, num_draft_tokens=8)}
+         "EAGLE S3 k4 D8": SpecConfig(num_steps=3, topk=4, num_draft_tokens=8),
+         "MTP S3": SpecConfig(algorithm="mtp", num_steps=3)}
 NEW_TOKENS = 400      # the budget of each request: every timed step runs at the full batch
 
 
@@ -103,16 +104,19 @@ def main() -> None:
     ap.add_argument("--bs", default="1", help="comma-separated batch sizes (default 1)")
     ap.add_argument("--steered", action="store_true", help="also run every EAGLE case with the steered draft")
     ap.add_argument("--no-profile", action="store_true", help="leave out the cProfile of each case")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     args = ap.parse_args()
+    cases = {name: CASES[name] for name in args.cases.split(",")}
     sizes = [int(b) for b in args.bs.split(",")]
-    models = specverify.build_models("small", compute_dtype="bfloat16", logits_dtype="bfloat16", device="cuda")
+    models = specverify.build_models(args.preset, compute_dtype="bfloat16", logits_dtype="bfloat16", device="cuda")
     prompts = make_prompts(max(sizes), models.config.vocab_size, 0)
     drafts = [("plain", models)]
     if args.steered:
-        specs = [s for s in CASES.values() if s is not None]
+        specs = [s for s in cases.values() if s is not None]
         drafts.append(("steered 0.7", steered_models(models, prompts, NEW_TOKENS, agreement=0.7, spec=specs)))
     for bs in sizes:
-        for name, spec in CASES.items():
+        for name, spec in cases.items():
             for draft, ms in drafts if spec is not None else drafts[:1]:
                 dec = decoder(ms, spec)
                 dec.start(new_requests(prompts[:bs], [NEW_TOKENS] * bs))

@@ -2,7 +2,7 @@
 gap before it, and the engine source line that launched it (from an eager step of the same
 decoder: a graph replays exactly the eager step's launches, in order, on one stream).
 
-    PYTHONPATH=. python3 benchmarks/experiments/kernel_sequence.py [--case k1|k4|target] [--bs 1] [--preset small]
+    PYTHONPATH=. python3 benchmarks/experiments/kernel_sequence.py [--case k1|k4|mtp|naive|target] [--bs 1] [--preset small]
         [--steered]     # the draft steered to agreement 0.7 as the aims benchmark runs it
 
 Torch kernels are tied to their source by the profiler's Python stack of the launching op; a
@@ -35,7 +35,8 @@ from specverify.models import build_models  # noqa: E402
 from tests.support.steering import steered_models  # noqa: E402
 
 CASES = {"target": None, "k1": SpecConfig(num_steps=3, topk=1),
-         "k4": SpecConfig(num_steps=3, topk=4, num_draft_tokens=8)}
+         "k4": SpecConfig(num_steps=3, topk=4, num_draft_tokens=8), "mtp": SpecConfig(algorithm="mtp", num_steps=3),
+         "naive": SpecConfig(algorithm="naive_eagle")}
 
 
 def _where(frames) -> str:

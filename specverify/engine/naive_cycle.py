@@ -15,6 +15,12 @@ Per request with n cached tokens, pending root x_n and draft token d:
   (the "save index": the second row if the draft was accepted, else the first). The second row of
   a rejected draft is computed and dropped, so the extend has one shape whatever was accepted.
 
+It is a chain cycle of one draft, so its bookkeeping is the EAGLE chain cycle's step ops, one
+kernel each on a GPU: `ops.chain_verify_rows` reads [x_n, d] off the request rows (6.19),
+`verify_greedy` walks the greedy accept over the chain (6.3), `ops.accepted_tokens` makes
+[e_0, e_1] (6.17: after a rejection e_1 is its padding, 0), `ops.emit_tokens` cuts and books them
+(6.15) and `ops.draft_plan` places the extend (6.18).
+
 The unfused form (`fused=False`) runs the verify, reads the accept counts back to the host, then
 a draft-extend over exactly the emitted tokens, as an engine without the fusion does; it must
 produce the same cycle.
@@ -37,9 +43,11 @@ from specverify.engine.sampling import SamplingParams, dequantize, probs_from_z,
 from specverify.engine.spec_config import SpecConfig
 from specverify.engine.state_commit import commit_recurrent_states, tracking_step
 from specverify.engine.uniforms import counter_uniforms
-from specverify.kernels.verify import inverse_cdf, target_predict, verify_naive
-from specverify.models import Batch, ModelCache, Models, chain_mask
-from specverify.ops import create_draft_kv_indices, draft_token, emit_tokens
+from specverify.kernels.tree import chain_tree_of
+from specverify.kernels.verify import inverse_cdf, target_predict, verify_greedy, verify_naive
+from specverify.models import Batch, ModelCache, Models
+from specverify.ops import (accepted_tokens, chain_verify_rows, create_draft_kv_indices, draft_plan, draft_token,
+                            emit_tokens)
 from specverify.platform import PlatformProfile
 
 DRAFT_DRAW, COIN_DRAW, FINAL_DRAW = 0, 1, 2
@@ -72,13 +80,14 @@ class NaiveCycle:
         self.track_interval = config.state_track_interval
 
     # -- the draft --------------------------------------------------------------------------------
-    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, active, last) -> None:
+    def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, finished, last) -> None:
         """Draft-extend q_lens[b] tokens after kv_lens[b] draft entries and propose the next draft
-        token from row last[b]. Lanes not `active` write nothing to the caches."""
+        token from row last[b]. Lanes `finished` write nothing to the caches."""
         st = self.state
-        q_lens = torch.where(active, q_lens, 0)
-        batch = extend_batch(rows, kv_lens, tokens, q_lens, req_ids)
-        batch.positions = batch.positions + 1                       # x_t sits at draft index t-1
+        # x_t sits at draft index t - 1, position t (6.18: the EAGLE draft-extend's plan, one kernel).
+        plan = draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1], num_steps=1,
+                          checked=False)
+        batch = extend_batch(rows, kv_lens, tokens, plan.q_lens, req_ids, positions=plan.positions)
         out = self.models.draft.forward(self.cache, batch, feats, at=last)     # row last[b] only
         logits, scale = out.logits[:, 0], out.scale[:, 0]           # [bs, V], [bs, 1]
         if self.mode == "exact":
@@ -102,65 +111,67 @@ class NaiveCycle:
         rs, st = self.state.requests, self.state
         rows = inp["rows"]
         bs = rows.shape[0]
-        live = ~rs.finished[rows]
-        n, req_ids, roots, d = rs.seq_len[rows], rs.req_id[rows], rs.pending[rows], st.draft[rows]
-        tokens = torch.stack([roots, d], 1)
-        mask, parents = chain_mask(bs, 2, rows.device)
+        # [root, d] read off the request rows in one op (6.19: a chain of one draft).
+        chain = chain_verify_rows(rows=rows, seq_len=rs.seq_len, pending=rs.pending, finished=rs.finished,
+                                  req_id=rs.req_id, drafts=st.draft[:, None], checked=False)
+        n, req_ids, live, tokens = chain.seq_lens, chain.req_ids, chain.live, chain.tokens
+        tree = chain_tree_of(tokens, chain.positions)
         table = self.cache.table.req_to_token
         kv_indptr = torch.empty(2 * bs + 1, dtype=torch.int64, device=rows.device)
         kv_indices = torch.empty(bs * (2 * table.shape[1] + 3), dtype=torch.int64, device=rows.device)
         index_list = create_draft_kv_indices(req_to_token=table, rows=rows, seq_lens=n, kv_indptr=kv_indptr,
                                              kv_indices=kv_indices, checked=False)
-        batch = Batch(tokens, n[:, None] + torch.arange(2, device=rows.device), rows, n, torch.where(live, 2, 0),
-                      mask, parents, req_ids=req_ids, kv_index_list=index_list)
+        batch = Batch(tokens, chain.positions, rows, n, chain.q_lens, tree.mask, tree.parents, req_ids=req_ids,
+                      kv_index_list=index_list)
         out = self.models.target.forward(self.cache, batch, commit_state=False)
-        accepted, bonus = self._accept(out, rows, tokens, mask, n, req_ids)
-        count = 1 + accepted.long()
-        e0 = torch.where(accepted, d, bonus)
-        produced = torch.stack([e0, torch.where(accepted, bonus, 0)], 1)
-        ar = torch.arange(bs, device=rows.device)
+        accept, num_correct, bonus = self._accept(out, rows, tree, n, req_ids)
+        # [e0, e1]: the draft then the bonus after an accepted draft, the bonus then 0 after a
+        # rejection (6.17); count = num_correct + 1 of them are real.
+        produced, count = accepted_tokens(tree_tokens=tokens, accept=accept, num_correct=num_correct, bonus=bonus,
+                                          checked=False)
         # The EOS / budget cut and the state update (section 5, 6.15): one op, in place.
         head, taken, finished = emit_tokens(produced=produced, count=count, rows=rows, seq_len=rs.seq_len,
                                             pending=rs.pending, emitted=rs.emitted, budget=rs.budget,
                                             finished=rs.finished, eos_token_id=self.eos, checked=False)
-        # The state rows hold the cycle's results now: what follows reads n, live and roots, taken before.
+        # The state rows hold the cycle's results now: what follows reads n, live and tokens, taken before.
         if out.rec_states is not None:
             # The tracking slot only counts what the EOS / budget cut lets through (taken - 1 drafts).
             tracked = None if self.track_interval is None else tracking_step(
                 path=torch.arange(2, device=rows.device).expand(bs, 2), num_correct=taken - 1, seq_lens=n,
                 interval=self.track_interval, live=live)
             commit_recurrent_states(states=self.cache.states, recurrent=out.rec_states, conv=out.conv_states,
-                                    rows=rows, steps=torch.where(live, count - 1, -1),   # the state after the last kept node
+                                    rows=rows, steps=torch.where(live, num_correct, -1),   # the state after the last kept node
                                     tracking_steps=tracked)
         if rs.penalty is not None:
             rs.penalty.record(rows, produced, taken)
 
-        j = torch.arange(2, device=rows.device)[None, :]
-        accept_nodes = torch.where(j < count[:, None], j, -1)
-        packed = torch.cat([head, tokens, parents, accept_nodes], 1)
+        packed = torch.cat([head, tokens, tree.parents, accept], 1)
         result = {"packed": packed}
         if self.with_logits:
-            nodes = accept_nodes.clamp(min=0)
+            ar = torch.arange(bs, device=rows.device)
+            nodes = accept.clamp(min=0)
             result["logits"] = out.logits[ar[:, None], nodes]
             result["scale"] = out.scale[ar[:, None], nodes]
-        extend = {"rows": rows, "e0": e0, "e1": bonus, "count": count, "hidden": out.hidden, "n": n,
-                  "req_ids": req_ids, "active": ~finished}
+        extend = {"rows": rows, "produced": produced, "count": count, "num_correct": num_correct,
+                  "hidden": out.hidden, "n": n, "req_ids": req_ids, "finished": finished, "both": chain.q_lens}
         return result, extend
 
-    def _accept(self, out, rows, tokens, mask, n, req_ids):
-        """(accepted [bs] bool, bonus [bs]): whether the draft is accepted, and the token emitted
-        after the accepted nodes. With a penalty on, both target rows are penalized by their own
-        context (the output so far; the draft token too for the second row); the draft is not."""
+    def _accept(self, out, rows, tree, n, req_ids):
+        """(accept [bs, 2] the accepted nodes, -1 past them; num_correct [bs] 0 / 1; bonus [bs]): whether
+        the draft is accepted, and the token emitted after the accepted nodes. With a penalty on,
+        both target rows are penalized by their own context (the output so far; the draft token too
+        for the second row); the draft is not."""
         bs, _, v = out.logits.shape
+        tokens = tree.tokens
         penalty = self.state.requests.penalty
         if penalty is not None:
             counts, prompt = penalty.context(rows)
             z = dequantize(out.logits.reshape(bs * 2, v), out.scale.reshape(bs * 2, 1)).view(bs, 2, v)
-            z = penalize(z, tree_counts(counts, tokens, mask), prompt[:, None, :], self.params)
+            z = penalize(z, tree_counts(counts, tokens, tree.mask), prompt[:, None, :], self.params)
         if self.mode == "greedy":
             predict = target_predict(out.logits) if penalty is None else torch.argmax(z, dim=-1)   # [bs, 2]
-            accepted = tokens[:, 1] == predict[:, 0]
-            return accepted, torch.where(accepted, predict[:, 1], predict[:, 0])
+            # A chain of one draft: 6.3's walk over [root, d] (one kernel on a GPU).
+            return verify_greedy(tree, predict, num_steps=1)
         if penalty is None:
             p = sampling_probs(out.logits.reshape(bs * 2, v), out.scale.reshape(bs * 2, 1), self.params)
         else:
@@ -172,24 +183,25 @@ class NaiveCycle:
             shortcut = {"draft_q": self.state.draft_q[rows]}
         else:
             shortcut = {"draft_p": self.state.draft_p[rows]}
-        _, num_correct, bonus = verify_naive(p.view(bs, 2, v), tokens[:, 1], coin, final, checked=False, **shortcut)
-        return num_correct == 1, bonus
+        accept, num_correct, bonus = verify_naive(p.view(bs, 2, v), tokens[:, 1], coin, final, checked=False,
+                                                  **shortcut)
+        return accept, num_correct, bonus
 
     # -- the cycle --------------------------------------------------------------------------------
     def __call__(self, inp: dict) -> dict:
         result, ext = self.verify(inp)
         if self.fused:
-            # Both rows, one shape: e_0 with h_n, t_1 with h_{n+1}; the next draft from row count-1.
-            tokens = torch.stack([ext["e0"], ext["e1"]], 1)
-            self.draft(ext["rows"], tokens, torch.full_like(ext["count"], 2), ext["hidden"][:, :2], ext["n"],
-                       ext["req_ids"], ext["active"], ext["count"] - 1)
+            # Both rows, one shape: e_0 with h_n, e_1 with h_{n+1} (after a rejection its row is
+            # dropped); the next draft from row count - 1 = num_correct. The verify's q_lens (2 on
+            # a lane live before the cycle) are the extend's: the plan zeroes the lanes it finished.
+            self.draft(ext["rows"], ext["produced"], ext["both"], ext["hidden"][:, :2], ext["n"],
+                       ext["req_ids"], ext["finished"], ext["num_correct"])
         else:
             # An engine without the fusion: the accept counts come back to the host, and the
             # draft-extend runs over exactly the emitted tokens.
             counts = ext["count"].tolist()
             width = max(counts)
-            tokens = torch.stack([ext["e0"], ext["e1"]], 1)[:, :width]
             q_lens = torch.tensor(counts, dtype=torch.int64, device=ext["n"].device)
-            self.draft(ext["rows"], tokens, q_lens, ext["hidden"][:, :width], ext["n"], ext["req_ids"],
-                       ext["active"], q_lens - 1)
+            self.draft(ext["rows"], ext["produced"][:, :width], q_lens, ext["hidden"][:, :width], ext["n"],
+                       ext["req_ids"], ext["finished"], q_lens - 1)
         return result

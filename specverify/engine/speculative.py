@@ -128,7 +128,7 @@ class SpecDecoder(DeviceDecoder):
         tokens[ar, batch.q_lens - 1] = first
         draft_args = (batch.rows, tokens, batch.q_lens, out.hidden, torch.zeros_like(batch.q_lens), batch.req_ids)
         if self.naive:
-            self.cycle.draft(*draft_args, ~finished, batch.q_lens - 1)
+            self.cycle.draft(*draft_args, finished, batch.q_lens - 1)    # the next draft from the last row
         else:
             self.cycle.draft(*draft_args, finished)
         self.take_first_tokens(reqs, first, finished)
