@@ -207,6 +207,57 @@ def test_attention_output_is_the_float32_result_in_q_dtype(dtype, impl):
     assert torch.count_nonzero(out[1]) == 0                              # the empty list: zeros
 
 
+# Pairs of cache values whose float32 mean lies exactly halfway between two neighbours of the
+# 16-bit format (ties to the even one, down and up, both signs), is exact, overflows float32 on
+# the way (the sum of two maxima), or meets inf and NaN.
+def _ulp_after(x: float, dtype) -> float:
+    t = torch.tensor([x], dtype=dtype)
+    return (t.view(torch.int16) + 1).view(dtype).item()
+
+
+def _tie_pairs(dtype) -> list[tuple[float, float]]:
+    one = 1.0
+    up1 = _ulp_after(one, dtype)                  # odd last bit
+    up2 = _ulp_after(up1, dtype)                  # even last bit
+    big = torch.finfo(dtype).max
+    return [(one, up1),                           # mean halfway 1 | up1: to 1 (even)
+            (up1, up2),                           # halfway up1 | up2: to up2 (even)
+            (-up1, -up2),                         # the same, negative
+            (one, up2),                           # mean up1: exact
+            (big, big),                           # bfloat16: the float32 sum overflows to inf
+            (float("inf"), 1.0), (float("-inf"), -1.0),
+            (float("nan"), 1.0)]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")    # the interpreter's sum of two maxima
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_attention_output_rounds_ties_to_even_like_torch(dtype, impl):
+    """Each query sees two keys of equal score (zero q and keys): its output is the float32 mean of
+    two cache values, rounded once to q's dtype. The means sit on the hard cases (exact ties both
+    ways, exact, an overflow, infinities, NaN): the kernel's store rounds each as `.to(dtype)`
+    rounds the float32 mean (NaN stays NaN)."""
+    pairs = _tie_pairs(dtype)
+    n, heads, hd = len(pairs), 2, 16
+    v = torch.zeros((2 * n, 1, hd), dtype=torch.float32)
+    for i, (a, b) in enumerate(pairs):
+        v[2 * i], v[2 * i + 1] = a, b
+    v = v.to(dtype)
+    k = torch.zeros_like(v)
+    q = torch.zeros((n, heads, hd), dtype=dtype)
+    kv_indptr = torch.arange(0, 2 * n + 1, 2, dtype=torch.int64)
+    kv_indices = torch.arange(2 * n, dtype=torch.int64)
+    args = [t.to(DEV) for t in (q, k, v, kv_indptr, kv_indices)]
+    out = ops.decode_attention_indexed(*args, scale=1.0, impl=impl).cpu()
+    mean = (v[0::2].float() + v[1::2].float()) / 2                                  # [n, 1, hd]
+    want = mean.expand(n, heads, hd).to(dtype)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(out), nan)
+    apart = (out.view(torch.int16) != want.view(torch.int16)) & ~nan
+    assert not apart.any(), f"{impl} {dtype}: rows {sorted(set(apart.nonzero()[:, 0].tolist()))} round apart from torch"
+    assert want[0, 0, 0].item() == 1.0 and want[1, 0, 0].item() == _ulp_after(_ulp_after(1.0, dtype), dtype)
+
+
 def test_float64_takes_the_torch_path_in_float64():
     q, k, v, kv_indptr, kv_indices = (t.double() if t.is_floating_point() else t for t in _attention_inputs(12))
     out = ops.decode_attention_indexed(q, k, v, kv_indptr, kv_indices, scale=0.3, impl="triton")

@@ -9,7 +9,9 @@ torch path in float64); a query whose list is empty gives zeros. Only the listed
 
 Triton: grid (queries, kv heads); one program holds the group's heads as rows of a
 [BLOCK_M, head_dim] tile and runs an online softmax over the list in blocks of BLOCK_N entries,
-storing float32 (the wrapper casts to the output dtype).
+rounding its float32 result once on the store to the output dtype, to nearest even, bit for bit as
+`.to(out_dtype)` rounds it (no cast kernel after it: a verify layer of naive EAGLE's cycle runs one
+kernel fewer).
 The list bounds are read from kv_indptr on the device, so the kernel reads nothing back to the
 host and a captured graph costs the live lengths.
 """
@@ -36,6 +38,16 @@ NUM_WARPS, NUM_STAGES = 4, 3
 
 
 @triton.jit
+def _bfloat16_nearest_even(x):
+    """float32 -> bfloat16, to nearest even, in integer arithmetic: the same bits on every GPU and
+    in the interpreter (whose own float32 -> bfloat16 store truncates). NaN -> the quiet NaN 0x7FC0."""
+    bits = x.to(tl.uint32, bitcast=True)
+    up = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    up = tl.where(x != x, 0x7FC0, up)
+    return up.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _indexed_decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, indptr_ptr, indices_ptr,
     group, scale,
@@ -44,7 +56,7 @@ def _indexed_decode_kernel(
     s_vs, s_vh, s_vd,
     s_on, s_oh, s_od,
     s_ip, s_ix,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_BFLOAT16: tl.constexpr,
 ):
     i = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -82,6 +94,9 @@ def _indexed_decode_kernel(
         pos += BLOCK_N
     denom = tl.where(l_i > 0, l_i, 1.0)
     out = tl.where((l_i > 0)[:, None], acc / denom[:, None], 0.0)   # an empty list: zeros
+    if OUT_BFLOAT16:
+        out = _bfloat16_nearest_even(out)
+    # float32 stores as is; float16 rounds to nearest even on the store, here and in the interpreter.
     tl.store(out_ptr + i * s_on + head[:, None] * s_oh + d[None, :] * s_od, out, mask=row_ok[:, None])
 
 
@@ -130,15 +145,14 @@ def decode_attention_indexed_impl(q, k_cache, v_cache, kv_indptr, kv_indices, sc
     n, nh, hd = q.shape
     nkv = k_cache.shape[1]
     group = nh // nkv
-    # The kernel stores float32 (every row); torch rounds it to out_dtype (to nearest even, the same
-    # on every device: the interpreter's own float32 -> bfloat16 store truncates).
-    out = torch.empty((n, nh, hd), dtype=torch.float32, device=q.device)
+    # The kernel stores every row in out_dtype, rounded as `.to(out_dtype)` rounds float32.
+    out = torch.empty((n, nh, hd), dtype=out_dtype, device=q.device)
     if n == 0:
-        return out.to(out_dtype)
+        return out
     _indexed_decode_kernel[(n, nkv)](
         q, k_cache, v_cache, out, kv_indptr, kv_indices,
         group, float(scale),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), kv_indptr.stride(0), kv_indices.stride(0),
-        HEAD_DIM=hd, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES)
-    return out.to(out_dtype)
+        HEAD_DIM=hd, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        OUT_BFLOAT16=out_dtype == torch.bfloat16, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return out
