@@ -1,8 +1,8 @@
 """How much of a captured step is the host's (issue 25): the step's wall time against its graph
 replayed back to back.
 
-For the small preset (bfloat16, greedy, captured, bucket shapes), target-only, EAGLE S3 k1 and S3 k4
-D8 at each batch size asked for, with the plain draft head and (--steered) with the draft steered to
+For a preset (--preset, default small; bfloat16, greedy, captured, bucket shapes), target-only, EAGLE
+S3 k1, S3 k4 D8 and MTP S3 (--cases picks some) at each batch size asked for, with the plain draft head and (--steered) with the draft steered to
 agreement 0.7 as the aims benchmark runs it (the steering's kernels are then in the graph): the mean
 wall time of 30 `step()` calls (graph replay, the one readback, the host's loop over the lanes), of 30 replays of the same graph with nothing between them, of 30 replays each followed
 by a sync (what a step that must read its result back before the next launch pays at least), and
@@ -12,6 +12,8 @@ A cProfile of 30 steps says where the host's part goes.
 
     PYTHONPATH=. python3 benchmarks/experiments/host_gap.py       # ~1 minute on an H100
     PYTHONPATH=. python3 benchmarks/experiments/host_gap.py --bs 1,8 --steered --no-profile
+    PYTHONPATH=. python3 benchmarks/experiments/host_gap.py --preset medium --bs 8 --steered \
+        --cases "target-only,EAGLE S3 k1,MTP S3"
 """
 
 from __future__ import annotations
