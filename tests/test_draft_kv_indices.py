@@ -6,8 +6,10 @@ samples; this file adds what a record cannot say: the offsets 2*cumsum(L+2) - b 
 a hand-written example, tables made by the real `SlotTable` (page sizes 1, 4, 16, pages
 interleaved between requests), the torch path up to bs 64 and the Triton kernel (interpreted on
 the CPU) on small batches, a padded grid, strided buffers, the untouched tail of kv_indices, the
-cut at the capacity of an unchecked call, the errors, the output dtype of the attention, and the
-two ops together against `paged_attention` of the same verify (a causal chain of two tokens).
+cut at the capacity of an unchecked call, the errors, the output dtype of the attention, its
+bfloat16 rounding (exact ties both ways through the op, and float32 bit patterns of every class
+through the kernel's rounding: subnormals, the largest finite value, infinities, NaN payloads), and
+the two ops together against `paged_attention` of the same verify (a causal chain of two tokens).
 Integers compare exactly.
 """
 
@@ -17,10 +19,13 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import reference
 from specverify import ops
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
+from specverify.kernels.indexed_attention import _bfloat16_nearest_even
 from specverify.models import SlotTable, chain_mask
 from tests.support.asserts import assert_close
 
@@ -256,6 +261,40 @@ def test_attention_output_rounds_ties_to_even_like_torch(dtype, impl):
     apart = (out.view(torch.int16) != want.view(torch.int16)) & ~nan
     assert not apart.any(), f"{impl} {dtype}: rows {sorted(set(apart.nonzero()[:, 0].tolist()))} round apart from torch"
     assert want[0, 0, 0].item() == 1.0 and want[1, 0, 0].item() == _ulp_after(_ulp_after(1.0, dtype), dtype)
+
+
+@triton.jit
+def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, _bfloat16_nearest_even(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+
+
+# float32 bit patterns on every class the rounding meets: ties (to even down and up, negative),
+# one ulp either side of a tie, zeros and subnormals, the largest finite value (down, a tie and
+# above it round to inf), infinities, and NaNs whose payload would carry into the exponent.
+ROUNDING_PATTERNS = [0x3F808000, 0x3F818000, 0xBF808000, 0x3F80FFFF, 0x3F807FFF,
+                     0x00000000, 0x80000000, 0x00000001, 0x00008000, 0x00018000, 0x007FFFFF,
+                     0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0xFF7F8000,
+                     0x7F800000, 0xFF800000,
+                     0x7FC00000, 0xFFC00000, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0x7FBFFFFF, 0x7FFF8000]
+
+
+def test_bfloat16_rounding_equals_torch_bit_for_bit():
+    """The kernel's float32 -> bfloat16 rounding (`_bfloat16_nearest_even`) on the patterns above
+    gives torch's `.to(torch.bfloat16)` bits for every number, and the quiet NaN 0x7FC0 for every NaN
+    (a payload of ones must not carry into the sign and come out as -0)."""
+    bits = torch.tensor(ROUNDING_PATTERNS, dtype=torch.int64).to(torch.int32)       # two's complement
+    x = bits.view(torch.float32)
+    y = torch.empty(len(ROUNDING_PATTERNS), dtype=torch.bfloat16, device=DEV)
+    _round_kernel[(1,)](x.to(DEV), y, len(ROUNDING_PATTERNS), BLOCK=32)
+    y = y.cpu()
+    want = x.to(torch.bfloat16)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(y), nan)
+    apart = [hex(ROUNDING_PATTERNS[i]) for i in (y.view(torch.int16) != want.view(torch.int16)).nonzero()[:, 0].tolist()
+             if not nan[i]]
+    assert not apart, f"rounded apart from torch: {apart}"
+    assert (y.view(torch.int16)[nan] == 0x7FC0).all(), "a NaN must come out as the quiet NaN 0x7FC0"
 
 
 def test_float64_takes_the_torch_path_in_float64():

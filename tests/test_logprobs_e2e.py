@@ -116,3 +116,20 @@ def test_logprobs_with_an_fp8_scale_match_reference(algorithm, scale, seed):
     for r, (prompt, tokens) in enumerate(zip(prompts, out.tokens)):
         assert_records_match(out.logprobs[r], reference_records(models, prompt, tokens, 3),
                              f"{algorithm}/{scale} request {r}")
+
+
+@pytest.mark.fp8
+def test_naive_logprobs_with_a_per_row_scale_match_reference():
+    """Naive EAGLE's two verify rows each carry their own FP8 scale: the record of the token after an
+    accepted draft (row 1) must take row 1's logits and scale. A static scale is the same on both
+    rows and a draft that is never accepted reports row 0 only: the draft is steered and the scale
+    is per row, so a cycle reporting row 1 with row 0's scale fails."""
+    kw = dict(compute_dtype="float64", logits_dtype="float8_e4m3fn", logits_scale_mode="per_row")
+    spec = ALGORITHMS["naive-eagle"]
+    prompts = ragged_prompts(5, 3, cached_models(**kw).config.vocab_size, max_len=6)
+    models = steered_cached_models(0.8, prompts, 9, spec, **kw)
+    out = specverify.generate(models, prompts, spec=spec, max_new_tokens=9, logprobs=3)
+    assert any(n == 2 for per in out.accept_lengths for n in per), "no draft accepted: row 1 never reported"
+    for r, (prompt, tokens) in enumerate(zip(prompts, out.tokens)):
+        assert_records_match(out.logprobs[r], reference_records(models, prompt, tokens, 3),
+                             f"naive per-row scale request {r}")

@@ -13,12 +13,15 @@ node's tree position), MTP and DFlash (chains), and naive EAGLE; greedy and samp
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import reference
 from specverify import SpecConfig
 from specverify.engine.sampling import SamplingParams
+from specverify.kernels.cuda_graph import DEFAULT_BUCKETS
 from tests.support.asserts import assert_close
 from tests.support.cases import ragged_budgets, ragged_prompts, steered_cached_models
 from tests.test_device_cycle import start_decoder
@@ -52,6 +55,30 @@ def test_committed_state_equals_the_recurrence_over_the_cached_tokens(name, samp
             checked += 1
     assert checked >= 6, f"only {checked} committed states compared"
     assert 1 in lengths and max(lengths) >= 2, f"cycles must reject and accept drafts: {sorted(lengths)}"
+
+
+@pytest.mark.parametrize("interval", [None, 2], ids=["untracked", "i2"])
+@pytest.mark.parametrize("name", list(SPECS))
+def test_padded_lanes_commit_no_state(name, interval):
+    """A padded lane of a bucket runs on the pad row, which no request owns: every cycle commits its
+    recurrent state and conv window (and, with a tracking interval, its tracking slot) only for live
+    lanes, so the pad row's slots stay zero from the prefill to the last cycle."""
+    spec = dataclasses.replace(SPECS[name], state_track_interval=interval)
+    prompts = ragged_prompts(61, 3, 389, max_len=9)
+    budgets = ragged_budgets(61, 3, low=6, high=12)
+    models = steered_cached_models(0.7, prompts, budgets, spec, compute_dtype="float64", hybrid=True)
+    dec, reqs = start_decoder(models, spec, SamplingParams(), prompts, budgets, eos=None, pad_batches=True)
+    states = dec.cache.states
+    pad = torch.tensor([dec.pad_row])
+    slots = torch.cat([pad, states.tracking_slot(pad)]) if interval is not None else pad
+    cycles = padded = 0
+    while dec.running():
+        padded += len(dec.running()) not in DEFAULT_BUCKETS              # its bucket holds pad lanes
+        dec.step()
+        cycles += 1
+        for name_, buf in (("recurrent state", states.stacked), ("conv window", states.conv_stacked)):
+            assert not buf[:, slots.to(buf.device)].any(), f"{name}: cycle {cycles} wrote the pad row's {name_}"
+    assert cycles > 3 and padded, f"{name}: {cycles} cycles, {padded} with padded lanes"
 
 
 def assert_states(models, dec, slot, tokens, what: str) -> None:

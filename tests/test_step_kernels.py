@@ -225,7 +225,7 @@ class LaneRecorder:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree", "naive", "mtp", "dflash"])
+@pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree", "naive", "naive-unfused", "mtp", "dflash"])
 def test_finished_lanes_run_nothing_and_live_lanes_extend_what_they_emitted(algorithm):
     """6.18 / 6.19 on the decoder: in every forward of the prefill and of each cycle (the verify,
     the draft-extend, the draft steps, MTP's heads, DFlash's block) a lane whose row is finished
@@ -233,10 +233,12 @@ def test_finished_lanes_run_nothing_and_live_lanes_extend_what_they_emitted(algo
     this very cycle) runs no token and a live lane runs at least one; a cycle's draft-extend runs
     exactly the tokens each request still running took from it (no padding column), except naive
     EAGLE's fused one, which runs both of its rows on every live lane (6.7: one shape, the second
-    row dropped after a rejection). A finished lane that still wrote would only touch the sink or a
-    stopping request's own slots, which no output reads: only this test sees it."""
+    row dropped after a rejection); its unfused form (`fused=False`) runs exactly what was taken. A
+    finished lane that still wrote would only touch the sink or a stopping request's own slots, which
+    no output reads: only this test sees it."""
     budgets = [1, 9, 5, 12]                     # request 0 stops at its prefill's token
-    spec, models, prompts, _ = _case(algorithm, 17, budgets)
+    fused = algorithm != "naive-unfused"
+    spec, models, prompts, _ = _case(algorithm if fused else "naive", 17, budgets)
     log: list = []
     state = {}
 
@@ -250,7 +252,8 @@ def test_finished_lanes_run_nothing_and_live_lanes_extend_what_they_emitted(algo
         mtp=[wrap(h, f"mtp{j}") for j, h in enumerate(models.mtp)],
         dflash=wrap(models.dflash, "dflash") if models.dflash is not None else None)
     reqs = new_requests(prompts, budgets)
-    state["dec"] = dec = SpecDecoder(models, spec, SamplingParams(), seed=0, eos_token_id=None, pad_batches=True)
+    state["dec"] = dec = SpecDecoder(models, spec, SamplingParams(), seed=0, eos_token_id=None, pad_batches=True,
+                                     fused=fused)
 
     def check(when, entries):
         for name, rows, q_lens, done in entries:
