@@ -25,7 +25,7 @@ import triton.language as tl
 import reference
 from specverify import ops
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
-from specverify.kernels.indexed_attention import _bfloat16_nearest_even
+from specverify.kernels.rounding import bfloat16_nearest_even
 from specverify.models import SlotTable, chain_mask
 from tests.support.asserts import assert_close
 
@@ -266,7 +266,7 @@ def test_attention_output_rounds_ties_to_even_like_torch(dtype, impl):
 @triton.jit
 def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     i = tl.arange(0, BLOCK)
-    tl.store(y_ptr + i, _bfloat16_nearest_even(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+    tl.store(y_ptr + i, bfloat16_nearest_even(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
 
 
 # float32 bit patterns on every class the rounding meets: ties (to even down and up, negative),
@@ -280,7 +280,7 @@ ROUNDING_PATTERNS = [0x3F808000, 0x3F818000, 0xBF808000, 0x3F80FFFF, 0x3F807FFF,
 
 
 def test_bfloat16_rounding_equals_torch_bit_for_bit():
-    """The kernel's float32 -> bfloat16 rounding (`_bfloat16_nearest_even`) on the patterns above
+    """The kernel's float32 -> bfloat16 rounding (`kernels.rounding.bfloat16_nearest_even`) on the patterns above
     gives torch's `.to(torch.bfloat16)` bits for every number, and the quiet NaN 0x7FC0 for every NaN
     (a payload of ones must not carry into the sign and come out as -0)."""
     bits = torch.tensor(ROUNDING_PATTERNS, dtype=torch.int64).to(torch.int32)       # two's complement

@@ -46,6 +46,7 @@ from specverify.engine.uniforms import counter_uniforms
 from specverify.kernels.tree import chain_tree_of
 from specverify.kernels.verify import inverse_cdf, target_predict, verify_greedy, verify_naive
 from specverify.models import Batch, ModelCache, Models
+from specverify.models.layers import chain_offsets
 from specverify.ops import (accepted_tokens, chain_verify_rows, create_draft_kv_indices, draft_plan, draft_token,
                             emit_tokens)
 from specverify.platform import PlatformProfile
@@ -137,7 +138,7 @@ class NaiveCycle:
         if out.rec_states is not None:
             # The tracking slot only counts what the EOS / budget cut lets through (taken - 1 drafts).
             tracked = None if self.track_interval is None else tracking_step(
-                path=torch.arange(2, device=rows.device).expand(bs, 2), num_correct=taken - 1, seq_lens=n,
+                path=chain_offsets(2, rows.device).expand(bs, 2), num_correct=taken - 1, seq_lens=n,
                 interval=self.track_interval, live=live)
             commit_recurrent_states(states=self.cache.states, recurrent=out.rec_states, conv=out.conv_states,
                                     rows=rows, steps=torch.where(live, num_correct, -1),   # the state after the last kept node
@@ -152,8 +153,8 @@ class NaiveCycle:
             nodes = accept.clamp(min=0)
             result["logits"] = out.logits[ar[:, None], nodes]
             result["scale"] = out.scale[ar[:, None], nodes]
-        extend = {"rows": rows, "produced": produced, "count": count, "num_correct": num_correct,
-                  "hidden": out.hidden, "n": n, "req_ids": req_ids, "finished": finished, "both": chain.q_lens}
+        extend = {"rows": rows, "produced": produced, "count": count, "num_correct": num_correct, "hidden": out.hidden,
+                  "n": n, "req_ids": req_ids, "finished": finished, "verify_q_lens": chain.q_lens}
         return result, extend
 
     def _accept(self, out, rows, tree, n, req_ids):
@@ -194,7 +195,7 @@ class NaiveCycle:
             # Both rows, one shape: e_0 with h_n, e_1 with h_{n+1} (after a rejection its row is
             # dropped); the next draft from row count - 1 = num_correct. The verify's q_lens (2 on
             # a lane live before the cycle) are the extend's: the plan zeroes the lanes it finished.
-            self.draft(ext["rows"], ext["produced"], ext["both"], ext["hidden"][:, :2], ext["n"],
+            self.draft(ext["rows"], ext["produced"], ext["verify_q_lens"], ext["hidden"][:, :2], ext["n"],
                        ext["req_ids"], ext["finished"], ext["num_correct"])
         else:
             # An engine without the fusion: the accept counts come back to the host, and the

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from specverify.kernels.launch import check_launchable, pick_impl
+from specverify.kernels.rounding import bfloat16_nearest_even
 
 BLOCK_N = 64        # list entries per KV block of the Triton kernel
 # Launch parameters: Triton's defaults, the paged attention kernel's. An H100 sweep
@@ -35,16 +36,6 @@ BLOCK_N = 64        # list entries per KV block of the Triton kernel
 # the pipelined for loop it replaced (and so still matches the paged attention kernel's decode rows) and ran
 # faster (9x to 11x at head_dim 128, where the pipelined build spilled registers; 1.3x at 64).
 NUM_WARPS, NUM_STAGES = 4, 3
-
-
-@triton.jit
-def _bfloat16_nearest_even(x):
-    """float32 -> bfloat16, to nearest even, in integer arithmetic: the same bits on every GPU and
-    in the interpreter (whose own float32 -> bfloat16 store truncates). NaN -> the quiet NaN 0x7FC0."""
-    bits = x.to(tl.uint32, bitcast=True)
-    up = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    up = tl.where(x != x, 0x7FC0, up)
-    return up.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -95,7 +86,7 @@ def _indexed_decode_kernel(
     denom = tl.where(l_i > 0, l_i, 1.0)
     out = tl.where((l_i > 0)[:, None], acc / denom[:, None], 0.0)   # an empty list: zeros
     if OUT_BFLOAT16:
-        out = _bfloat16_nearest_even(out)
+        out = bfloat16_nearest_even(out)
     # float32 stores as is; float16 rounds to nearest even on the store, here and in the interpreter.
     tl.store(out_ptr + i * s_on + head[:, None] * s_oh + d[None, :] * s_od, out, mask=row_ok[:, None])
 

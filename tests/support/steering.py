@@ -55,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specverify.kernels.rounding import bfloat16_nearest_even
 from specverify.models.layers import lane_rows
 
 PEAK_MARGIN = 8.0   # logit margin that makes the steered token the unambiguous top choice
@@ -187,9 +188,7 @@ def _steer_store_kernel(logits_ptr, top_ptr, nan_ptr, req_ptr, pos_ptr, tok_ptr,
     nans = tl.sum(tl.load(nan_ptr + parts, mask=blocks < BLOCKS, other=0))
     peak = tl.where(nans > 0, float("nan"), top + _MARGIN)
     if TO_BF16:    # to nearest even by the bits (the interpreter's own float32 -> bfloat16 truncates)
-        bits = peak.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        peak = bits.to(tl.float32, bitcast=True)
+        peak = bfloat16_nearest_even(peak).to(tl.float32)
     value = tl.where(agree, peak, float("-inf")).to(logits_ptr.dtype.element_ty)
     tl.store(logits_ptr + row * s_lr + nxt, value, mask=on)
 
