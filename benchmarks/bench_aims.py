@@ -34,6 +34,9 @@ import torch  # noqa: E402
 import specverify  # noqa: E402
 from specverify.engine.device_state import extend_batch  # noqa: E402
 from specverify.engine.spec_config import SpecConfig  # noqa: E402
+from specverify.ops import draft_token, draft_topk  # noqa: E402
+from specverify.platform import get_profile  # noqa: E402
+from tests.support.steering import steer_logits_fused, steering_plan  # noqa: E402
 from bench_device_cycle import make_prompts, release, run_spec, run_target, steered_for  # noqa: E402
 
 AGREEMENT = 0.7
@@ -149,7 +152,34 @@ def forward_floors(models, spec: SpecConfig, bs: int) -> dict:
     # The cycle's forwards with every draft forward at that least: its verify, then S of them (and
     # MTP's S - 1 context writes).
     out["least_cycle_ms"] = out["verify_ms"] + s * (out["network_ms"] + out["lm_head_ms"]) + (s - 1) * out["context_ms"]
+    # What each draft forward's logits then go through in these runs: the steering knob's kernels
+    # (the aims' drafts are steered) and the draft's selection (6.1: the argmax for a chain, the
+    # top-k for a tree), on [bs, V] logits, the fewest rows a draft forward selects from.
+    out["select_ms"] = graph_ms(selection(head, x, k, bs), reps=8)
+    out["least_select_cycle_ms"] = out["least_cycle_ms"] + s * out["select_ms"]
     return out
+
+
+def selection(head, x: torch.Tensor, topk: int, bs: int):
+    """One draft forward's steering and selection over its [bs, V] logits, as a callable: every
+    request on the oracle path (each row's one steered entry stored), the device's profile."""
+    profile = get_profile()
+    logits = (x @ head.lm_head)[:, None, :].contiguous()                       # [bs, 1, V]
+    vocab, i64 = logits.shape[-1], dict(dtype=torch.int64, device=logits.device)
+    gen = torch.Generator(device=logits.device).manual_seed(0)
+    oracle = torch.randint(0, vocab, (bs, FLOOR_CONTEXT + 2), generator=gen, **i64)
+    oracle[:, -1] = -1
+    plan = steering_plan(oracle, AGREEMENT, 0)
+    req, pos = torch.arange(bs, **i64), torch.full((bs, 1), FLOOR_CONTEXT, **i64)
+    tokens = oracle[:, FLOOR_CONTEXT:FLOOR_CONTEXT + 1].contiguous()
+
+    def run():
+        steer_logits_fused(logits, req, pos, tokens, oracle, plan, in_place=True)
+        if topk == 1:
+            draft_token(logits[:, 0], profile, None)
+        else:
+            draft_topk(logits[:, 0], topk, profile, None)
+    return run
 
 
 def measure(preset: str, specs: dict, plan: dict, args) -> dict:
@@ -244,12 +274,13 @@ def aims_rows(small: dict, medium: dict | None, peak: float | None) -> tuple[lis
     return rows, errors
 
 
-def wall_floor(res: dict, bs: int, f: dict) -> float | None:
-    """The least cycle (verify + S least draft forwards, device only) plus what the measured
-    target-only step at bs spends outside its forward, over that step: the wall-clock cycle /
-    target-step ratio no cycle with these forwards goes below."""
+def wall_floor(res: dict, bs: int, f: dict, key: str = "least_cycle_ms") -> float | None:
+    """The least cycle (verify + S least draft forwards, device only; with key
+    "least_select_cycle_ms", each draft forward's steering and selection too) plus what the
+    measured target-only step at bs spends outside its forward, over that step: the wall-clock
+    cycle / target-step ratio no cycle with these forwards goes below."""
     step = _ms(res[("target", bs)]) if ("target", bs) in res else None
-    return None if step is None else (f["least_cycle_ms"] + step - f["target_ms"]) / step
+    return None if step is None else (f[key] + step - f["target_ms"]) / step
 
 
 TAIL_RUNS = (("small", "EAGLE S3 k1", 8, 1.3), ("small", "naive EAGLE", 64, 1.3), ("medium", "EAGLE S3 k1", 8, 1.5),
@@ -268,7 +299,8 @@ def tail_rows(small: dict, medium: dict | None) -> list:
         tokens = None if whole is None or cycle is None else whole * cycle
         f = res["forwards"].get((name, bs))
         rows.append([preset, name, bs, f"{_f(whole)}x / {_f(full)}x", f"{_f(cycle)}x", f"{_f(tokens)}", f">= {aim}x",
-                     f"<= {_f(_ratio(tokens, aim))}x", "-" if f is None else f"{_f(wall_floor(res, bs, f))}x"])
+                     f"<= {_f(_ratio(tokens, aim))}x", "-" if f is None else f"{_f(wall_floor(res, bs, f))}x",
+                     "-" if f is None else f"{_f(wall_floor(res, bs, f, 'least_select_cycle_ms'))}x"])
     return rows
 
 
@@ -337,13 +369,16 @@ def main(argv=None) -> int:
     lines += ["", "## The tail (bs > 1): what the whole-run tok/s aims ask of the cycle", ""]
     lines += table(["preset", "decoder", "bs", "tok/s ratio, whole run / full batch", "cycle / target step",
                     "tokens a cycle over the whole run / a target step's", "aim", "cycle / target step the aim needs",
-                    "least wall-clock cycle / target step"], tail_rows(small, medium))
+                    "least wall-clock cycle / target step",
+                    "the same with each draft's steering and selection"], tail_rows(small, medium))
     lines += ["", "A static batch drains: once its first request finishes, a cycle costs the same for fewer "
               "tokens until the slowest request is done, where every target-only request finishes on the same "
               "step. The whole-run ratio is the full-batch one less that tail. The tokens a cycle emits over "
               "the whole run, against a target step's (the tok/s ratio times the cycle ratio), divided by the "
               "aim, is the cycle / target-step ratio at which the whole-run aim would be met; the last column "
-              "(the section below) is the least any cycle with these forwards can cost."]
+              "(the section below) is the least any cycle with these forwards can cost, and the last the "
+              "same with what each draft forward's logits go through in these runs (the steering knob's "
+              "kernels and the draft's argmax or top-k), measured alone."]
     lines += ["", "## Floors (bs 1, measured on this device)", ""]
     frows = []
     for preset, res in (("small", small), ("medium", medium)):
@@ -378,12 +413,14 @@ def main(argv=None) -> int:
     lines += ["", "## What a draft forward cannot cost less than (one graph each, ms)", ""]
     rows = [[preset, name, bs, f"{f['target_ms']:.3f}", f"{f['verify_ms']:.3f}", f"{f['draft_step_ms']:.3f}",
              f"{f['network_ms']:.3f}", f"{f['lm_head_ms']:.3f}", f"{f['least_cycle_ms']:.3f}",
-             f"{_f(_ratio(f['least_cycle_ms'], f['target_ms']))}x", f"{_f(wall_floor(res, bs, f))}x"]
+             f"{_f(_ratio(f['least_cycle_ms'], f['target_ms']))}x", f"{_f(wall_floor(res, bs, f))}x",
+             f"{f['select_ms'] * 1e3:.1f}", f"{_f(wall_floor(res, bs, f, 'least_select_cycle_ms'))}x"]
             for preset, name, bs, res, f in _forwards(small, medium)]
     lines += table(["preset", "cycle", "bs", "target forward", "verify forward", "a draft step's forward",
                     "the head's network to its last norm (k tokens a request)", "lm_head matmul",
                     "verify + S x (network + lm_head), + MTP's S - 1 context K/V writes", "the same over the target forward",
-                    "the same plus the target step's time outside its forward, over the target step"], rows)
+                    "the same plus the target step's time outside its forward, over the target step",
+                    "a draft forward's steering and selection, us", "the last but one with S of them"], rows)
     lines += ["", "A draft head's forward is its network up to its last norm (the embedding concat, the fc matmul, "
               "one decoder layer with its attention on the tensor cores: `DraftHead.hidden_states`) and the "
               "full-vocabulary lm_head, each measured here alone; its last norm and the argmax are left out, as if "
@@ -393,7 +430,10 @@ def main(argv=None) -> int:
               "(heads 1.. put the extend rows' K/V into their layers: `DraftHead.write_kv`), each measured alone. The last but one adds to it what the measured "
               "target-only step spends outside its forward (its argmax, emit, readback and host time; a cycle "
               "does all of that and more) and divides by that step: the least wall-clock cycle / target-step "
-              "ratio."]
+              "ratio. The last two: what one draft forward's logits go through in these runs, measured alone on "
+              "[bs, V] logits (the steering knob's two kernels, tests/support/steering.py, then the selection: the "
+              "argmax of a chain, the top-k of a tree), and the least wall-clock ratio with S of them added: "
+              "still no accept, commit, emit or tree build."]
     if errors:
         lines += ["", "Errors:", ""] + errors
     write_results(lines, out_dir(args.out, False), "aims", False)

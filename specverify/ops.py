@@ -11,7 +11,7 @@ import numbers
 import torch
 
 from specverify import dtypes
-from specverify.kernels.argmax import row_argmax
+from specverify.kernels.argmax import check_keep, row_argmax
 from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.chain_verify import ChainRows, chain_verify_rows_impl
 from specverify.kernels.dflash import dflash_verify_impl
@@ -113,12 +113,19 @@ def draft_topk(logits: torch.Tensor, topk: int, profile: PlatformProfile,
     return probs.gather(-1, index), index
 
 
-def draft_token(logits: torch.Tensor, profile: PlatformProfile, scale: torch.Tensor | None) -> torch.Tensor:
+def draft_token(logits: torch.Tensor, profile: PlatformProfile, scale: torch.Tensor | None,
+                keep: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The index [N, 1] of `draft_topk(logits, 1, ...)` without its probability: what a chain
-    draft reads. On the fast path one argmax and nothing else (no probability tensor to fill)."""
+    draft reads. On the fast path one argmax and nothing else (no probability tensor to fill).
+    keep: (column [R] int64, rows [N] int64): each index also goes to column[rows[n]] (a chain
+    draft's token into its state row), on the fast path by the argmax kernel itself."""
     if profile.argmax_fast_path:
-        return row_argmax(logits)
-    return draft_topk(logits, 1, profile, scale)[1]
+        return row_argmax(logits, keep=keep)
+    index = draft_topk(logits, 1, profile, scale)[1]
+    if keep is not None:
+        check_keep(keep, logits)
+        keep[0][keep[1]] = index[:, 0]
+    return index
 
 
 ATTENTION_TORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -52,11 +52,19 @@ def draft_kernels(monkeypatch):
             return original_select(logits, topk, profile, scale)
         calls["select"].append(topk)
         return _on_gpu(lambda x, s: draft_select.select_topk_triton(x, topk, s), logits, scale)
-    def through_argmax_kernel(logits, profile, scale):
+    def through_argmax_kernel(logits, profile, scale, keep=None):
         if not profile.argmax_fast_path:
-            return original_token(logits, profile, scale)
+            return original_token(logits, profile, scale, keep)
         calls["token"] += 1
-        return _on_gpu(lambda x: argmax.row_argmax(x, impl="triton"), logits)
+        if keep is None:
+            return _on_gpu(lambda x: argmax.row_argmax(x, impl="triton"), logits)
+
+        def kept_by_the_kernel(x, column, rows):
+            return argmax.row_argmax(x, impl="triton", keep=(column, rows)), column
+        # The kernel writes the kept column itself; where it ran on a GPU copy, that copy comes back.
+        index, column = _on_gpu(kept_by_the_kernel, logits, *keep)
+        keep[0].copy_(column)
+        return index
     monkeypatch.setattr(eagle, "expand_beams_impl", through_search_kernel)
     monkeypatch.setattr(eagle_cycle, "draft_topk", through_select_kernel)
     monkeypatch.setattr(eagle_cycle, "draft_token", through_argmax_kernel)

@@ -80,3 +80,50 @@ def test_cuda_row_offsets_past_int32():
     del storage, x
     torch.cuda.empty_cache()
     assert got == [5, 17, 0], f"rows past element 2**31 read the wrong row: {got}"
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_argmax_keeps_each_index_in_its_row_of_the_column(impl):
+    """keep = (column, rows): row n's index also lands at column[rows[n]], and nowhere else. The
+    column is one column of a [R, S] table (stride S, as a chain draft's state rows are); the rows
+    are out of order, skip table rows, and include the table's last; ties, NaN and -inf rows
+    included. The returned indices are the plain call's."""
+    dev = triton_device() if impl == "triton" else "cpu"
+    kw = {"block_v": 32} if impl == "triton" else {}
+    gen = torch.Generator().manual_seed(7)
+    x = torch.cat([S.tie_heavy_rows(gen, 3, 70), torch.full((1, 70), float("-inf"))])
+    x[1, 66] = float("nan")
+    table = torch.full((9, 3), -5, dtype=torch.int64)
+    rows = torch.tensor([8, 2, 5, 0])
+    table_dev = table.to(dev)
+    got = row_argmax(x.to(dev), impl=impl, keep=(table_dev[:, 1], rows.to(dev)), **kw).cpu()
+    want = [greedy_token(row.numpy()) for row in x]
+    assert got[:, 0].tolist() == want and want[1] == 66
+    expected = torch.full((9, 3), -5, dtype=torch.int64)
+    expected[rows, 1] = torch.tensor(want)
+    assert torch.equal(table_dev.cpu(), expected)
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_argmax_keep_of_no_rows_writes_nothing(impl):
+    column = torch.full((4,), -5, dtype=torch.int64)
+    got = row_argmax(torch.zeros((0, 10)), impl=impl, keep=(column, torch.zeros(0, dtype=torch.int64)))
+    assert got.shape == (0, 1) and column.tolist() == [-5] * 4
+
+
+def test_argmax_keep_errors_name_the_argument():
+    x, column = torch.zeros((2, 5)), torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"keep's rows must lie in \[0, 4\)"):
+        row_argmax(x, keep=(column, torch.tensor([0, 4])))
+    with pytest.raises(ValueError, match=r"keep's rows must lie in \[0, 4\)"):
+        row_argmax(x, keep=(column, torch.tensor([-1, 0])))
+    with pytest.raises(ValueError, match=r"keep's rows must be \[2\] int64"):
+        row_argmax(x, keep=(column, torch.tensor([0, 1, 2])))
+    with pytest.raises(ValueError, match=r"keep's rows must be \[2\] int64"):
+        row_argmax(x, keep=(column, torch.tensor([0, 1], dtype=torch.int32)))
+    with pytest.raises(ValueError, match="keep's column must be a 1-D int64"):
+        row_argmax(x, keep=(column.view(2, 2), torch.tensor([0, 1])))
+    with pytest.raises(ValueError, match="keep's column must be a 1-D int64"):
+        row_argmax(x, keep=(column.float(), torch.tensor([0, 1])))
+    with pytest.raises(TypeError, match=r"keep must be a \(column, rows\) pair"):
+        row_argmax(x, keep=[column, torch.tensor([0, 1])])

@@ -40,23 +40,22 @@ class MtpCycle(EagleCycle):
         root = heads[0].forward(self.cache, batch, feats, at=plan.last)   # head 0 drafts d_1 from the root's row
         for j in range(1, self.S):
             heads[j].write_kv(self.cache, batch, feats)                   # the other heads' context: K/V only
-        token = self._top1(root.logits[:, 0], root.scale[:, 0])             # [bs, 1] d_1
+        kept = self.state.kept_tokens
+        token = self._top1(root.logits[:, 0], root.scale[:, 0], (kept[:, 0], rows))   # [bs, 1] d_1, kept in its row
         hidden = root.hidden                                                # [bs, 1, H] the row that produced d_1
-        drafts = [token]
         sees_itself, no_parent = lone_query_mask(bs, 1, tokens.device)
         for step in range(1, self.S):
             # Head `step` runs d_step at position n + step, written at draft index n of its layer.
             batch = Batch(token, plan.ahead[:, step - 1:step], rows, plan.root, plan.live, sees_itself, no_parent, 0,
                           req_ids=req_ids)
             out = heads[step].forward(self.cache, batch, hidden)
-            token = self._top1(out.logits[:, 0], out.scale[:, 0])
+            token = self._top1(out.logits[:, 0], out.scale[:, 0], (kept[:, step], rows))
             hidden = out.hidden
-            drafts.append(token)
-        self.state.kept_tokens[rows] = torch.cat(drafts, 1)
 
-    def _top1(self, logits, scale) -> torch.Tensor:
-        """6.1 with k = 1 of logits [bs, V] (scale [bs, 1]) -> [bs, 1] int64."""
-        return ops.draft_token(logits, self.profile, scale)
+    def _top1(self, logits, scale, keep) -> torch.Tensor:
+        """6.1 with k = 1 of logits [bs, V] (scale [bs, 1]) -> [bs, 1] int64, also written to
+        keep's column at the lanes' rows."""
+        return ops.draft_token(logits, self.profile, scale, keep)
 
 
 class DFlashCycle(EagleCycle):

@@ -116,19 +116,17 @@ class EagleCycle:
         (its score and flat index are never read: only the tokens reach the next tree, `ops.chain_verify_rows`),
         so the S - 1 steps run the head on the last token and keep the head's hidden state; step s
         sees the draft prefix and the region entries 0..s-1, its own the last."""
-        head, bs = self.models.draft, rows.shape[0]
-        token = draft_token(out.logits[:, 0], self.profile, out.scale[:, 0])    # [bs, 1] from the root's row
+        head, bs, kept = self.models.draft, rows.shape[0], self.state.kept_tokens
+        # Each draft token goes into its state row's column by the selection itself (no cat, no scatter).
+        token = draft_token(out.logits[:, 0], self.profile, out.scale[:, 0], (kept[:, 0], rows))   # [bs, 1]
         hidden = out.hidden                                                     # [bs, 1, H]
-        drafts = [token]
         for step in range(1, self.S):
             seen, no_parent = lone_query_mask(bs, step, rows.device)
             dbatch = Batch(token, plan.ahead[:, step - 1:step], rows, plan.root, plan.live, seen, no_parent, step - 1,
                            req_ids=req_ids)
             dout = head.forward(self.cache, dbatch, hidden)
-            token = draft_token(dout.logits[:, 0], self.profile, dout.scale[:, 0])
+            token = draft_token(dout.logits[:, 0], self.profile, dout.scale[:, 0], (kept[:, step], rows))
             hidden = dout.hidden
-            drafts.append(token)
-        self.state.kept_tokens[rows] = torch.cat(drafts, dim=1)
 
     # -- the cycle ------------------------------------------------------------------------------
     def __call__(self, inp: dict) -> dict:
@@ -218,8 +216,9 @@ class EagleCycle:
         """Move accepted nodes' K/V down to [n, n+a+1) and keep the last one's recurrent state
         (and, with a tracking interval, the state at the last multiple among the `taken` tokens the
         EOS / budget cut lets through: a finishing request tracks only what it emitted)."""
-        commit_accepted_kv(kv=self.cache.kv.stacked, req_to_token=self.cache.table.req_to_token, rows=rows, seq_lens=n,
-                           accept=accept, live=live, sink=SINK_SLOT, checked=self.checked)
+        if self.k > 1:      # a chain's accepted path is its first nodes, already where they belong (6.16)
+            commit_accepted_kv(kv=self.cache.kv.stacked, req_to_token=self.cache.table.req_to_token, rows=rows,
+                               seq_lens=n, accept=accept, live=live, sink=SINK_SLOT, checked=self.checked)
         if out.rec_states is None:
             return                                                # no recurrent layers: nothing more to keep
         last = accept.gather(1, num_correct[:, None])[:, 0]       # the tree position of the last accepted node

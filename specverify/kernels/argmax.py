@@ -45,10 +45,10 @@ def _block_argmax_kernel(
 
 @triton.jit
 def _reduce_blocks_kernel(
-    part_val_ptr, part_idx_ptr, out_ptr,
+    part_val_ptr, part_idx_ptr, out_ptr, keep_ptr, keep_rows_ptr,
     num_blocks,
-    stride_pn,
-    BLOCK_B: tl.constexpr,
+    stride_pn, stride_keep, stride_keep_rows,
+    BLOCK_B: tl.constexpr, KEEP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)      # row * stride passes 2**31 at bs x D x V rows of a verify
     blks = tl.arange(0, BLOCK_B)
@@ -59,20 +59,31 @@ def _reduce_blocks_kernel(
     best = tl.max(tl.where(vals == vals, vals, float("-inf")), axis=0)
     winner = tl.min(tl.where((vals == best) & live, blks, BLOCK_B), axis=0)
     winner = tl.where(nan_blk < BLOCK_B, nan_blk, winner)
-    tl.store(out_ptr + row, tl.sum(tl.where(blks == winner, idx, 0), axis=0))
+    index = tl.sum(tl.where(blks == winner, idx, 0), axis=0)
+    tl.store(out_ptr + row, index)
+    if KEEP:     # also into the kept column's row keep_rows[row]
+        tl.store(keep_ptr + tl.load(keep_rows_ptr + row * stride_keep_rows).to(tl.int64) * stride_keep, index)
 
 
-def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096) -> torch.Tensor:
+def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096,
+               keep: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """First maximal index of each row of the float32 upcast, NaN ranking above every number.
     x: [N, V] -> [N, 1] int64.
 
     impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere).
+    keep: (column [R] int64, rows [N] int64): each row's index is also written to
+    column[rows[n]] (a chain draft's token into its state row: no gather, no scatter after it).
     """
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"x must be [N, V] with V >= 1, got shape {tuple(x.shape)}")
+    if keep is not None:
+        check_keep(keep, x)
     if pick_impl(impl, x.device) == "torch":
-        return torch.argmax(x if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else x.float(),
-                            dim=-1, keepdim=True)
+        out = torch.argmax(x if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else x.float(),
+                           dim=-1, keepdim=True)
+        if keep is not None:
+            keep[0][keep[1]] = out[:, 0]
+        return out
     check_launchable(_block_argmax_kernel, x.device)
     if x.dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
         x = x.float()           # Triton reads the fnuz formats natively on ROCm only
@@ -87,6 +98,26 @@ def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096) -> t
         return out
     _block_argmax_kernel[(n, num_blocks)](x, part_val, part_idx, vocab, num_blocks, x.stride(0),
                                           part_val.stride(0), BLOCK_V=block_v, num_warps=8)
-    _reduce_blocks_kernel[(n,)](part_val, part_idx, out, num_blocks, part_val.stride(0),
-                                BLOCK_B=triton.next_power_of_2(num_blocks))
+    column, rows = keep if keep is not None else (out, out)
+    _reduce_blocks_kernel[(n,)](part_val, part_idx, out, column, rows, num_blocks, part_val.stride(0),
+                                column.stride(0), rows.stride(0),
+                                BLOCK_B=triton.next_power_of_2(num_blocks), KEEP=keep is not None)
     return out
+
+
+def check_keep(keep, x: torch.Tensor) -> None:
+    """keep = (column [R] int64, rows [N] int64 in [0, R)) on x's device; the rows' range is read
+    back on CPU tensors only (a device read would stall a captured step)."""
+    if not (isinstance(keep, tuple) and len(keep) == 2 and all(isinstance(t, torch.Tensor) for t in keep)):
+        raise TypeError(f"keep must be a (column, rows) pair of tensors, got {type(keep).__name__}")
+    column, rows = keep
+    if column.dim() != 1 or column.dtype != torch.int64:
+        raise ValueError(f"keep's column must be a 1-D int64 tensor, got {column.dtype} {tuple(column.shape)}")
+    if tuple(rows.shape) != (x.shape[0],) or rows.dtype != torch.int64:
+        raise ValueError(f"keep's rows must be [{x.shape[0]}] int64 (one per row of x), got {rows.dtype} "
+                         f"{tuple(rows.shape)}")
+    if column.device != x.device or rows.device != x.device:
+        raise ValueError(f"keep's tensors must be on x's device {x.device}, got {column.device} and {rows.device}")
+    if x.device.type == "cpu" and rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= column.shape[0]):
+        raise ValueError(f"keep's rows must lie in [0, {column.shape[0]}) (the column's length), got "
+                         f"[{int(rows.min())}, {int(rows.max())}]")
