@@ -106,8 +106,10 @@ def test_argmax_keeps_each_index_in_its_row_of_the_column(impl):
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_argmax_keep_of_no_rows_writes_nothing(impl):
-    column = torch.full((4,), -5, dtype=torch.int64)
-    got = row_argmax(torch.zeros((0, 10)), impl=impl, keep=(column, torch.zeros(0, dtype=torch.int64)))
+    dev = triton_device() if impl == "triton" else "cpu"
+    column = torch.full((4,), -5, dtype=torch.int64, device=dev)
+    got = row_argmax(torch.zeros((0, 10), device=dev), impl=impl,
+                     keep=(column, torch.zeros(0, dtype=torch.int64, device=dev)))
     assert got.shape == (0, 1) and column.tolist() == [-5] * 4
 
 
