@@ -51,6 +51,8 @@ def _reduce_blocks_kernel(
     BLOCK_B: tl.constexpr, KEEP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)      # row * stride passes 2**31 at bs x D x V rows of a verify
+    if KEEP:     # the kept column's row, read first so its load overlaps the parts'
+        keep_row = tl.load(keep_rows_ptr + row * stride_keep_rows).to(tl.int64)
     blks = tl.arange(0, BLOCK_B)
     live = blks < num_blocks
     vals = tl.load(part_val_ptr + row * stride_pn + blks, mask=live, other=float("-inf"))
@@ -62,7 +64,7 @@ def _reduce_blocks_kernel(
     index = tl.sum(tl.where(blks == winner, idx, 0), axis=0)
     tl.store(out_ptr + row, index)
     if KEEP:     # also into the kept column's row keep_rows[row]
-        tl.store(keep_ptr + tl.load(keep_rows_ptr + row * stride_keep_rows).to(tl.int64) * stride_keep, index)
+        tl.store(keep_ptr + keep_row * stride_keep, index)
 
 
 def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096,
