@@ -19,6 +19,7 @@ Rows of the table:
 
     PYTHONPATH=. python3 benchmarks/bench_aims.py              # ~5 minutes on an H100
     PYTHONPATH=. python3 benchmarks/bench_aims.py --skip-medium
+    PYTHONPATH=. python3 benchmarks/bench_aims.py --repeat 3    # every decoder 3 times in turn; figures from the median run
 """
 
 from __future__ import annotations
@@ -194,18 +195,45 @@ def measure(preset: str, specs: dict, plan: dict, args) -> dict:
     out = {"build_s": build_s, "oracle_ms": oracle_ms, "config": models.config, "floors": floors(models),
            "forwards": {(name, bs): forward_floors(models, spec, bs) for name, spec in specs.items()
                         if spec.algorithm in FLOOR_ALGORITHMS for bs in plan[name]}}
-    for name, sizes in plan.items():
-        for bs in sizes:
-            if name == "target":
-                out[(name, bs)] = run_target(models, prompts[:bs], args, "cuda")
-            else:
-                out[(name, bs)] = run_spec(steered, prompts[:bs], specs[name], True, args, "cuda")
-            r = out[(name, bs)]
-            print(f"{preset} {name} bs {bs}: {r.get('cycle_ms')} ms/step, {r.get('tok_s')} tok/s, "
-                  f"accept {r.get('mean_accept')} {r.get('error', '')}", flush=True)
+    runs = {}
+    for rep in range(args.repeat):            # every decoder in turn, then again: drift meets them all
+        for name, sizes in plan.items():
+            for bs in sizes:
+                t0 = time.perf_counter()
+                if name == "target":
+                    r = run_target(models, prompts[:bs], args, "cuda")
+                else:
+                    r = run_spec(steered, prompts[:bs], specs[name], True, args, "cuda")
+                runs.setdefault((name, bs), []).append(r)
+                print(f"{preset} repeat {rep} {name} bs {bs}: {r.get('cycle_ms')} ms/step, {r.get('tok_s')} tok/s, "
+                      f"accept {r.get('mean_accept')} {r.get('error', '')} ({time.perf_counter() - t0:.1f} s)",
+                      flush=True)
+    for key, rs in runs.items():
+        out[key] = median_run(rs)
+    out["repeats"] = runs
     del models, steered
     release("cuda")
     return out
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Of one decoder's repeats, the run whose ms / step is the median (the lower middle of an even
+    count); an error only when every repeat failed."""
+    ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["cycle_ms"])
+    return ok[(len(ok) - 1) // 2] if ok else runs[0]
+
+
+def repeat_rows(res: dict, preset: str) -> list:
+    """Each decoder's ms / step in every repeat, and its cycle / target-step ratio against the
+    target-only run of the same repeat and batch size."""
+    rows = []
+    for (name, bs), rs in res["repeats"].items():
+        targets = res["repeats"].get(("target", bs), [])
+        ms = [_ms(r) for r in rs]
+        ratios = [_ratio(m, _ms(t)) for m, t in zip(ms, targets)]
+        paired = "-" if name == "target" else " / ".join("-" if q is None else f"{q:.2f}x" for q in ratios)
+        rows.append([preset, name, bs, " / ".join(_f(m, "{:.3f}") for m in ms), paired])
+    return rows
 
 
 def _ms(r) -> float | None:
@@ -335,7 +363,11 @@ def parse_args(argv=None):
     ap.add_argument("--skip-medium", action="store_true", help="the small preset's rows only")
     ap.add_argument("--peak-tbps", type=float, help="peak HBM bandwidth in TB/s (default: from the device name)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every decoder this many times, in turn; each figure is from its median run")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat must be >= 1, got {args.repeat}")
     args.agreement, args.warmup, args.sync_steps, args.quick, args.cpu_smoke = AGREEMENT, 2, 3, False, False
     return args
 
@@ -366,6 +398,14 @@ def main(argv=None) -> int:
     lines += table(["preset", "decoder", "bs", "full-batch steps", "ms / step", "tok/s", "full-batch tok/s",
                     "mean accept", "readbacks / step"], detail_rows(small, "small") + ([] if medium is None else
                                                                          detail_rows(medium, "medium")))
+    if args.repeat > 1:
+        lines += ["", f"## Every repeat ({args.repeat} of each decoder, in turn)", ""]
+        lines += table(["preset", "decoder", "bs", "ms / step, each repeat",
+                        "cycle / target step, each repeat (against the same repeat's target run)"],
+                       repeat_rows(small, "small") + ([] if medium is None else repeat_rows(medium, "medium")))
+        lines += ["", "Every decoder ran once, in the table's order, then again, so a drift of the machine's speed "
+                  "meets each of them. Each figure above is from the decoder's median run by ms / step (its "
+                  "tok/s and accept from that run too)."]
     lines += ["", "## The tail (bs > 1): what the whole-run tok/s aims ask of the cycle", ""]
     lines += table(["preset", "decoder", "bs", "tok/s ratio, whole run / full batch", "cycle / target step",
                     "tokens a cycle over the whole run / a target step's", "aim", "cycle / target step the aim needs",
