@@ -219,3 +219,23 @@ def test_draft_token_follows_the_gate(monkeypatch):
     assert fast.shape == soft.shape == (values.shape[0], 1) and fast.dtype == soft.dtype == torch.int64
     want = first_max(values).tolist()
     assert fast[:, 0].tolist() == want and soft[:, 0].tolist() == want
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "softmax-path"])
+def test_draft_token_keeps_its_index_in_the_state_row_on_either_path(fast):
+    """`ops.draft_token(..., keep=(column, rows))` writes row n's index to column[rows[n]] on the
+    gate's either path (the softmax path is a ROCm profile's), on tie-heavy FP8 rows, and touches
+    no other entry; a bad keep raises the same ValueError on either path."""
+    values, scale = tie_heavy_fp8("float8_e4m3fn", 3)
+    n = values.shape[0]
+    table = torch.full((n + 3, 4), -7, dtype=torch.int64)
+    rows = torch.arange(n + 2, 1, -1)[:n]                  # reversed, past the lanes' own indices
+    profile = forced(get_profile("cpu"), fast)
+    index = ops.draft_token(values, profile, scale, (table[:, 2], rows))
+    want = torch.full((n + 3, 4), -7, dtype=torch.int64)
+    want[rows, 2] = torch.tensor(first_max(values).tolist())
+    assert index[:, 0].tolist() == first_max(values).tolist() and torch.equal(table, want)
+    with pytest.raises(ValueError, match=rf"keep's rows must lie in \[0, {n + 3}\)"):
+        ops.draft_token(values, profile, scale, (table[:, 2], rows + 3))
+    with pytest.raises(ValueError, match=rf"keep's rows must be \[{n}\] int64"):
+        ops.draft_token(values, profile, scale, (table[:, 2], rows.int()))

@@ -96,7 +96,9 @@ def test_argmax_keeps_each_index_in_its_row_of_the_column(impl):
     table = torch.full((9, 3), -5, dtype=torch.int64)
     rows = torch.tensor([8, 2, 5, 0])
     table_dev = table.to(dev)
-    got = row_argmax(x.to(dev), impl=impl, keep=(table_dev[:, 1], rows.to(dev)), **kw).cpu()
+    strided = torch.stack([rows, rows.flip(0)], 1).to(dev)[:, 0]       # the rows as a strided view
+    assert strided.stride(0) == 2
+    got = row_argmax(x.to(dev), impl=impl, keep=(table_dev[:, 1], strided), **kw).cpu()
     want = [greedy_token(row.numpy()) for row in x]
     assert got[:, 0].tolist() == want and want[1] == 66
     expected = torch.full((9, 3), -5, dtype=torch.int64)
@@ -129,3 +131,8 @@ def test_argmax_keep_errors_name_the_argument():
         row_argmax(x, keep=(column.float(), torch.tensor([0, 1])))
     with pytest.raises(TypeError, match=r"keep must be a \(column, rows\) pair"):
         row_argmax(x, keep=[column, torch.tensor([0, 1])])
+    # Another device than x's (a meta tensor stands in for a GPU on a CPU-only machine).
+    with pytest.raises(ValueError, match="keep's tensors must be on x's device cpu"):
+        row_argmax(x, keep=(column.to("meta"), torch.tensor([0, 1])))
+    with pytest.raises(ValueError, match="keep's tensors must be on x's device cpu"):
+        row_argmax(x, keep=(column, torch.tensor([0, 1], device="meta")))

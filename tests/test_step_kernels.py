@@ -38,6 +38,8 @@ ALGORITHMS = {
     "target": None,
     "eagle-chain": SpecConfig(num_steps=3, topk=1),
     "eagle-tree": SpecConfig(num_steps=3, topk=2, num_draft_tokens=6, page_size=4),
+    # A tree of chain size (D = S + 1) still holds siblings: its path can skip a node, so it commits.
+    "eagle-tree-of-chain-size": SpecConfig(num_steps=2, topk=2, num_draft_tokens=3),
     "naive": SpecConfig(algorithm="naive_eagle"),
     "mtp": SpecConfig(algorithm="mtp", num_steps=2),
     "dflash": SpecConfig(algorithm="dflash", num_steps=3, page_size=4),
