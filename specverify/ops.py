@@ -11,7 +11,7 @@ import numbers
 import torch
 
 from specverify import dtypes
-from specverify.kernels.argmax import check_keep, row_argmax
+from specverify.kernels.argmax import check_keep, row_argmax, write_kept
 from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.chain_verify import ChainRows, chain_verify_rows_impl
 from specverify.kernels.dflash import dflash_verify_impl
@@ -121,10 +121,11 @@ def draft_token(logits: torch.Tensor, profile: PlatformProfile, scale: torch.Ten
     draft's token into its state row), on the fast path by the argmax kernel itself."""
     if profile.argmax_fast_path:
         return row_argmax(logits, keep=keep)
-    index = draft_topk(logits, 1, profile, scale)[1]
     if keep is not None:
         check_keep(keep, logits)
-        keep[0][keep[1]] = index[:, 0]
+    index = draft_topk(logits, 1, profile, scale)[1]
+    if keep is not None:
+        write_kept(keep, index)
     return index
 
 

@@ -84,7 +84,7 @@ def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096,
         out = torch.argmax(x if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else x.float(),
                            dim=-1, keepdim=True)
         if keep is not None:
-            keep[0][keep[1]] = out[:, 0]
+            write_kept(keep, out)
         return out
     check_launchable(_block_argmax_kernel, x.device)
     if x.dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
@@ -105,6 +105,12 @@ def row_argmax(x: torch.Tensor, *, impl: str = "auto", block_v: int = 4096,
                                 column.stride(0), rows.stride(0),
                                 BLOCK_B=triton.next_power_of_2(num_blocks), KEEP=keep is not None)
     return out
+
+
+def write_kept(keep, index: torch.Tensor) -> None:
+    """column[rows[n]] = index[n, 0] for keep = (column, rows): the torch form of the merge kernel's
+    KEEP store (a checked keep)."""
+    keep[0][keep[1]] = index[:, 0]
 
 
 def check_keep(keep, x: torch.Tensor) -> None:
