@@ -40,7 +40,7 @@ from reference.emit import accepted_tokens, chain_verify_rows, draft_plan, emit_
 from reference.eagle import CycleTrace, NearTie, RequestTrace, SpecReferenceOutput
 from reference.eagle import generate as generate_speculative
 from reference.generate import ReferenceOutput, TokenLogprob, generate, logprob_record
-from reference.layers import add_rmsnorm, embed_concat, rotary_kv_write, silu_mul
+from reference.layers import add_rmsnorm, embed_concat, norm_matmul, rotary_kv_write, silu_mul
 from reference.logits import ConvertedLogits, convert_logits, greedy_token, row_scale
 from reference.model import forward, forward_logits, recurrent_states, tree_node_logits
 from reference.naive_eagle_kv import create_draft_kv_indices
@@ -104,6 +104,7 @@ __all__ = [
     "greedy_token",
     "greedy_verify",
     "naive_verify",
+    "norm_matmul",
     "legacy_decode",
     "legacy_encode",
     "naive_eagle",

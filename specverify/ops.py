@@ -15,7 +15,8 @@ from specverify.kernels.argmax import check_keep, row_argmax, write_kept
 from specverify.kernels.attention import paged_attention_impl
 from specverify.kernels.chain_verify import ChainRows, chain_verify_rows_impl
 from specverify.kernels.dflash import dflash_verify_impl
-from specverify.kernels.fused_layers import add_rmsnorm_impl, embed_concat_impl, rotary_kv_write_impl, silu_mul_impl
+from specverify.kernels.fused_layers import (add_rmsnorm_impl, embed_concat_impl, rotary_kv_write_impl, runs_triton,
+                                             silu_mul_impl)
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
 from specverify.kernels.draft_plan import DraftPlan, draft_plan_impl
 from specverify.kernels.draft_search import (MAX_TRITON_TOPK as MAX_SEARCH_TOPK, BeamStep, expand_beams_impl,
@@ -25,6 +26,7 @@ from specverify.kernels.emit import accepted_tokens_impl, emit_impl
 from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.kv_commit import commit_kv_impl
 from specverify.kernels.launch import check_tensor, pick_impl
+from specverify.kernels.norm_matmul import MAX_HIDDEN as NORM_MATMUL_MAX_HIDDEN, norm_matmul_impl
 from specverify.kernels.order import order_key, topk_stable  # noqa: F401 - part of the ops API
 from specverify.kernels.state_scatter import state_scatter_impl
 from specverify.kernels.token_slots import token_slots_impl
@@ -674,6 +676,48 @@ def silu_mul(gate_up: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
         raise ValueError(f"gate_up must be [..., 2I] (an even last dim: gate, then up), got shape "
                          f"{tuple(gate_up.shape)}")
     return silu_mul_impl(gate_up, impl)
+
+
+def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, weight_t: torch.Tensor, *,
+                residual: torch.Tensor | None = None, eps: float = 1e-6,
+                impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of the residual sum, then a matmul -> (out [..., N], sum [..., H]) in x's dtype
+    (docs/semantics.md 6.21): `add_rmsnorm`'s (normed, sum), then out = normed @ weight_t^T, the
+    normed rounded to x's dtype before the product, float32 sums of exact products (the torch
+    path: torch's matmul in x's dtype), rounded once. One kernel on a GPU.
+    x: [..., H] float, 1 <= H <= 1024 on the Triton path (its whole row in one tile); residual:
+    x's shape and dtype; norm_weight: [H] float; weight_t: [N, H] of x's dtype (W^T, an
+    nn.Linear's weight); eps: a finite float >= 0.
+    impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere; float64 always torch).
+    """
+    pick_impl(impl, x.device if isinstance(x, torch.Tensor) else torch.device("cpu"))
+    _tensor("x", x, "[..., H]")
+    _tensor("norm_weight", norm_weight, "[H]")
+    _tensor("weight_t", weight_t, "[N, H]")
+    _layer_float("x", x)
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"x must be [..., H] with H >= 1, got shape {tuple(x.shape)}")
+    hidden = x.shape[-1]
+    if runs_triton(impl, x.device, x.dtype) and hidden > NORM_MATMUL_MAX_HIDDEN:
+        raise ValueError(f"x's H must be <= {NORM_MATMUL_MAX_HIDDEN} on the Triton path (its whole row in one "
+                         f"tile), got {hidden}; use impl='torch'")
+    if norm_weight.shape != (hidden,):
+        raise ValueError(f"norm_weight must be [H] = [{hidden}], got shape {tuple(norm_weight.shape)}")
+    _layer_float("norm_weight", norm_weight)
+    _same_device("norm_weight", norm_weight, x, "x")
+    if weight_t.dim() != 2 or weight_t.shape[1] != hidden or weight_t.dtype != x.dtype:
+        raise ValueError(f"weight_t must be [N, H] = [N, {hidden}] of x's dtype {x.dtype}, got "
+                         f"{tuple(weight_t.shape)} {weight_t.dtype}")
+    _same_device("weight_t", weight_t, x, "x")
+    if residual is not None:
+        _tensor("residual", residual, "[..., H]")
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValueError(f"residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
+                             f"{tuple(residual.shape)} {residual.dtype}")
+        _same_device("residual", residual, x, "x")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0.0 <= float(eps) < float("inf")):
+        raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
+    return norm_matmul_impl(x, residual, norm_weight, weight_t, float(eps), impl)
 
 
 def _count(name: str, v, least: int, why: str = "") -> int:

@@ -97,6 +97,89 @@ def test_fused_speculative_generation_equals_unfused(fused_on_cpu, monkeypatch, 
     assert fused.accept_lengths == plain.accept_lengths
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_draft_head_norms_ride_in_their_matmuls_against_the_reference(fused_on_cpu, monkeypatch, compute_dtype, seed):
+    """On the fused path at the tiny hidden size the draft head's attention norm runs inside its
+    q|k|v projection and its MLP norm inside its gate|up projection (`ops.norm_matmul`: two launches
+    a forward, the final norm the only `add_rmsnorm`), and every row's logits and hidden state equal
+    the float64 reference head's (`reference.eagle.draft_row`) by the dtype's tolerance: a norm
+    that reads the wrong row, weight or residual, or a projection that skips the norm, moves them
+    far past it. A batch past NORM_MATMUL_ROWS rows (a prefill's draft-extend) takes the separate
+    kernels and agrees with the reference as well."""
+    from reference.eagle import draft_row
+    from specverify.kernels import norm_matmul
+    from specverify.models import draft as draft_module
+    from tests.test_draft_head import draft_batch
+
+    models = specverify.build_models("tiny", seed=seed % 1000, compute_dtype=compute_dtype, device=FUSED_DEVICE)
+    cfg, head = models.config, models.draft
+    assert head.norm_matmul, "the head must put its norms in its matmuls on the fused path"
+    launches = {"norm_matmul": 0, "add_rmsnorm": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            launches[name] += 1
+            return fn(*args, **kwargs)
+        return call
+    monkeypatch.setattr(norm_matmul, "norm_matmul_triton", counted("norm_matmul", norm_matmul.norm_matmul_triton))
+    monkeypatch.setattr(layers, "add_rmsnorm_impl", counted("add_rmsnorm", layers.add_rmsnorm_impl))
+    g = torch.Generator().manual_seed(seed)
+    for bs, q in ((2, 5), (3, draft_module.NORM_MATMUL_ROWS // 3 + 1)):
+        tokens = torch.randint(0, cfg.vocab_size, (bs, q), generator=g)
+        feats = torch.randn((bs, q, cfg.hidden_size), generator=g, dtype=torch.float64)
+        cache = models.target.new_cache(max_requests=bs)
+        rows = [cache.table.alloc_row() for _ in range(bs)]
+        for r in rows:
+            cache.table.reserve(r, q)
+        batch = draft_batch(rows, [0] * bs, tokens)
+        batch = batch.__class__(**{k: (v.to(FUSED_DEVICE) if torch.is_tensor(v) else v) for k, v in vars(batch).items()})
+        launches.update(norm_matmul=0, add_rmsnorm=0)
+        out = head.forward(cache, batch, feats.to(head.w["fc"].dtype).to(FUSED_DEVICE))
+        fused = bs * q <= draft_module.NORM_MATMUL_ROWS
+        assert launches == ({"norm_matmul": 2, "add_rmsnorm": 1} if fused else {"norm_matmul": 0, "add_rmsnorm": 3})
+        for b in range(bs):
+            for j in (0, q // 2, q - 1):
+                seen = feats[b, :j + 1].to(head.w["fc"].dtype).double()          # the features the head read
+                want_logits, want_hidden = draft_row(cfg, models.target_weights, models.draft_weights,
+                                                     tokens[b, :j + 1].tolist(), seen, list(range(j + 1)))
+                where = f"bs {bs} q {q}: request {b} row {j}"
+                assert_close(out.hidden[b, j].double().cpu(), want_hidden, compute_dtype, f"draft hidden, {where}")
+                assert_close(out.logits[b, j].double().cpu(), want_logits, compute_dtype, f"draft logits, {where}")
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_norm_matmul_sum_is_torchs_add_bit_for_bit(dtype, seed):
+    """The residual stream `ops.norm_matmul` returns is x + residual rounded once to x's dtype, the
+    bits torch's own add gives (float32 sum, nearest even), on the Triton path (interpreted on the
+    CPU, where a float32 -> bfloat16 store truncates unless the kernel rounds itself) and the torch
+    path alike: ulp-adjacent pairs, ties, exponents 2**20 apart, NaN, inf and signed zeros, over
+    several row blocks and column blocks."""
+    dev = FUSED_DEVICE
+    g = torch.Generator().manual_seed(seed)
+    rows, hidden = 37, 48
+    x = (torch.randint(-4096, 4096, (rows, hidden), generator=g).double() / 64).to(dtype)
+    r = (torch.randint(-4096, 4096, (rows, hidden), generator=g).double() / 64).to(dtype)
+    x[0] = torch.nextafter(r[0], torch.tensor(float("inf"), dtype=dtype))          # ulp-adjacent to the residual
+    r[1] = -x[1] / 2 ** 20                                                         # far apart: the sum rounds
+    x[2, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    r[2, :4] = torch.tensor([1.0, 2.0, -3.0, -0.0])
+    low = torch.finfo(dtype).eps / 2                                                # halfway between two values
+    x[3], r[3] = torch.ones(hidden, dtype=dtype), torch.full((hidden,), low, dtype=dtype)
+    weight_t = (torch.randint(-64, 64, (40, hidden), generator=g).double() / 512).to(dtype)
+    norm_w = torch.ones(hidden, dtype=dtype)
+    want = x + r
+    for impl in ("triton", "torch"):
+        _, total = specverify.ops.norm_matmul(x.to(dev), norm_w.to(dev), weight_t.to(dev), residual=r.to(dev),
+                                              impl=impl)
+        total = total.cpu()
+        same = (total == want) | (total.isnan() & want.isnan())
+        signed = ~want.isnan()                                     # a NaN's sign is no part of the contract
+        assert bool(same.all()) and torch.equal(total.signbit()[signed], want.signbit()[signed]), \
+            f"{impl}: the residual stream is not x + residual rounded once ({int((~same).sum())} entries differ)"
+
+
 def test_medium_preset_is_refused_on_the_cpu():
     with pytest.raises(ValueError, match="preset 'medium' is for GPU benchmarks.*device is 'cpu'"):
         specverify.build_models("medium", device="cpu")

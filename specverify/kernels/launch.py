@@ -63,9 +63,14 @@ def pick_impl(impl: str, device: torch.device) -> str:
     return impl
 
 
+def interpreted(kernel) -> bool:
+    """Whether a @triton.jit kernel runs under the interpreter (TRITON_INTERPRET=1 when triton loaded)."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
 def check_launchable(kernel, device: torch.device) -> None:
     """CPU tensors can only go to an interpreted kernel (TRITON_INTERPRET=1 before triton loads)."""
-    if device.type != "cuda" and type(kernel).__name__ != "InterpretedFunction":
+    if device.type != "cuda" and not interpreted(kernel):
         raise RuntimeError(
             f"impl='triton' on {device} tensors needs the Triton interpreter: set TRITON_INTERPRET=1 "
             f"before triton is imported, or pass CUDA tensors, or use impl='torch'")

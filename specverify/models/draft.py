@@ -5,7 +5,9 @@ final hidden state for the first draft step, the head's own output after that), 
 `fc`, runs one attention layer over its own KV buffers (sharing the target's slot table), applies
 its own final norm and the target's lm_head. Its attention takes its products on the TF32 tensor
 cores where they stay exact (`ops.paged_attention`'s `tensor_cores`): a draft's rows are proposals,
-which no other launch must round alike (docs/semantics.md 6.20).
+which no other launch must round alike (docs/semantics.md 6.20). On a GPU, at a small hidden size
+and decode-size batches, its attention norm runs inside its q|k|v projection's kernel and its MLP
+norm (with the residual add) inside its gate|up projection's (`ops.norm_matmul`, 6.21).
 
 `forward` is the whole head. It is split in two so a wrapper can work on the compute-dtype
 logits before they are delivered in the logits dtype: `compute_logits` (the network) and
@@ -19,10 +21,19 @@ from __future__ import annotations
 import torch
 
 from specverify.kernels.fused_layers import embed_concat_impl
+from specverify.kernels.norm_matmul import norm_matmul_impl
 from specverify.models import layers
 from specverify.models.config import ModelConfig
 from specverify.models.target import ForwardOutput, ModelCache, deliver_logits
 from specverify.platform import check_device
+
+
+# Where the head's norms ride in their matmuls (`ops.norm_matmul`): its kernel holds a row's whole
+# hidden size and pays at 512 (the small preset) on an H100, not at 2048 (the medium one), where the
+# separate norm kernel and cuBLAS's matmul stay (benchmarks/results/norm_matmul-*.md); and rows up
+# to a decode-size batch (a k1 cycle's draft-extend at bs 8 has 32).
+NORM_MATMUL_HIDDEN = 512
+NORM_MATMUL_ROWS = 64
 
 
 class DraftHead:
@@ -44,6 +55,12 @@ class DraftHead:
         layers.fuse_qkv(self.w, "layer")
         if layers.fused_path(self.device, dtype):
             layers.fuse_mlp(self.w, "layer")
+        # The attention and MLP norms ride in the matmuls they feed (`ops.norm_matmul`) where the
+        # kernel pays: a hidden size up to NORM_MATMUL_HIDDEN, decode-size rows (`_fuses`).
+        self.norm_matmul = layers.fused_path(self.device, dtype) and config.hidden_size <= NORM_MATMUL_HIDDEN
+        if self.norm_matmul:
+            for name in ("layer.wqkv", "layer.w_gate_up"):
+                self.w[f"{name}_t"] = self.w[name].t().contiguous()
 
     def hidden_states(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor) -> torch.Tensor:
         """The head's network without its final norm and lm_head: writes the new tokens' K/V into
@@ -59,26 +76,39 @@ class DraftHead:
         draft-extend that needs nothing but a head's context (an MTP head past the first) calls
         this, and runs no attention, MLP or lm_head."""
         cfg = self.config
-        x, n, plan = self._attention_input(cache, batch, features)   # x: the residual stream, unused here
-        layers.write_kv(n, self.w, "layer", cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer], plan,
-                        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+        x, qkv, plan = self._attention_input(cache, batch, features)   # x: the residual stream, unused here
+        layers.write_kv(x, self.w, "layer", cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer], plan,
+                        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, qkv=qkv)
+
+    def _fuses(self, x: torch.Tensor) -> bool:
+        """Whether this forward's norms ride in their matmuls: the fused path at this hidden size,
+        and x [bs, q, H] a decode-size batch (a prefill's draft-extend runs the separate kernels)."""
+        return self.norm_matmul and x.shape[0] * x.shape[1] <= NORM_MATMUL_ROWS
 
     def _attention_input(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor):
-        """(residual stream x [bs, q, H], its attention norm n, the forward's attention plan)."""
+        """(residual stream x [bs, q, H], its attention norm's q|k|v projections [bs, q, (Hq + 2
+        Hkv) hd], the forward's attention plan)."""
         # [embedding | feature] of each token (one kernel on a GPU: `ops.embed_concat`), then fc.
         x = embed_concat_impl(batch.input_ids, self.embed, features.to(self.embed.dtype)) @ self.w["fc"]
-        n, _ = layers.add_rmsnorm(x, None, self.w["layer.attn_norm"], self.config.norm_eps)
-        return x, n, layers.plan_attention(batch, cache.table.req_to_token, self.rotary, x.dtype)
+        plan = layers.plan_attention(batch, cache.table.req_to_token, self.rotary, x.dtype)
+        eps = self.config.norm_eps
+        if self._fuses(x):
+            return x, norm_matmul_impl(x, None, self.w["layer.attn_norm"], self.w["layer.wqkv_t"], eps)[0], plan
+        n, _ = layers.add_rmsnorm(x, None, self.w["layer.attn_norm"], eps)
+        return x, n @ self.w["layer.wqkv"], plan
 
     def _layer(self, cache: ModelCache, batch: layers.Batch,
                features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's layer up to its last residual add: (residual stream [bs, q, H], MLP output);
         the hidden state is their sum."""
         cfg, w = self.config, self.w
-        x, n, plan = self._attention_input(cache, batch, features)
-        mixed = layers.attention(n, w, "layer", batch, cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer],
+        x, qkv, plan = self._attention_input(cache, batch, features)
+        mixed = layers.attention(x, w, "layer", batch, cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer],
                                  cache.table.req_to_token, plan, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                                 head_dim=cfg.head_dim, tensor_cores=True)
+                                 head_dim=cfg.head_dim, tensor_cores=True, qkv=qkv)
+        if self._fuses(x):
+            gate_up, x = norm_matmul_impl(x, mixed, w["layer.mlp_norm"], w["layer.w_gate_up_t"], cfg.norm_eps)
+            return x, layers.gated_down(gate_up, w, "layer")
         n, x = layers.add_rmsnorm(x, mixed, w["layer.mlp_norm"], cfg.norm_eps)
         return x, layers.swiglu_mlp(n, w, "layer")
 

@@ -53,8 +53,14 @@ def swiglu_mlp(n: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
     """The MLP of the normed input n: (silu(n W_gate) * (n W_up)) W_down."""
     fused = w.get(f"{prefix}.w_gate_up")
     if fused is not None:
-        return silu_mul_impl(n @ fused) @ w[f"{prefix}.w_down"]
+        return gated_down(n @ fused, w, prefix)
     return (F.silu(n @ w[f"{prefix}.w_gate"]) * (n @ w[f"{prefix}.w_up"])) @ w[f"{prefix}.w_down"]
+
+
+def gated_down(gate_up: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
+    """The MLP's second half on the fused path: silu(gate) * up of gate_up = n `{prefix}.w_gate_up`
+    (`ops.silu_mul`), then the down projection."""
+    return silu_mul_impl(gate_up) @ w[f"{prefix}.w_down"]
 
 
 class RotaryTable:
@@ -196,13 +202,16 @@ def fuse_qkv(w: dict, prefix: str) -> None:
 
 
 def write_kv(x: torch.Tensor, w: dict, prefix: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             plan: AttentionPlan, *, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+             plan: AttentionPlan, *, num_heads: int, num_kv_heads: int, head_dim: int,
+             qkv: torch.Tensor | None = None) -> torch.Tensor:
     """An attention layer's first half: the q / k / v projections of x [bs, q, H] (normed input),
     RoPE on the query and key heads, and the new tokens' K / V written at plan.slots. Returns the
     rotated query heads [bs, q, num_heads, head_dim]. A forward that needs only a layer's K / V (an
-    MTP head's context rows) stops here."""
+    MTP head's context rows) stops here. qkv: the projections when the caller has them already (the
+    draft head's `ops.norm_matmul`); x then only gives the shape."""
     bs, q, _ = x.shape
-    qkv = x @ w[f"{prefix}.wqkv"]
+    if qkv is None:
+        qkv = x @ w[f"{prefix}.wqkv"]
     if plan.rotary is None:
         # Fused: RoPE on the query and key heads and the K / V write in one kernel.
         return rotary_kv_write_impl(qkv.view(bs * q, num_heads + 2 * num_kv_heads, head_dim), plan.positions,
@@ -219,14 +228,16 @@ def write_kv(x: torch.Tensor, w: dict, prefix: str, k_cache: torch.Tensor, v_cac
 
 def attention(x: torch.Tensor, w: dict, prefix: str, batch: Batch, k_cache: torch.Tensor,
               v_cache: torch.Tensor, req_to_token: torch.Tensor, plan: AttentionPlan, *, num_heads: int,
-              num_kv_heads: int, head_dim: int, tensor_cores: bool = False) -> torch.Tensor:
+              num_kv_heads: int, head_dim: int, tensor_cores: bool = False,
+              qkv: torch.Tensor | None = None) -> torch.Tensor:
     # x: [bs, q, H] normed input; k_cache / v_cache: [slots, nkv, hd]; w holds `{prefix}.wqkv`.
+    # qkv: x's q|k|v projections, when the caller made them (`write_kv`).
     # tensor_cores: the paged kernel's products on the TF32 tensor cores where they stay exact
     # (`ops.paged_attention`): for a draft head, whose rows no other launch must round alike. The
     # target's rows take the FMA units, as the indexed kernel does (docs/semantics.md 6.20).
     bs, q, _ = x.shape
     qh = write_kv(x, w, prefix, k_cache, v_cache, plan, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                  head_dim=head_dim)
+                  head_dim=head_dim, qkv=qkv)
     scale = 1.0 / math.sqrt(head_dim)
     if plan.kv_index_list is not None:
         # Every query token its own decode query over an explicit slot list (naive EAGLE's verify).

@@ -1,5 +1,5 @@
-"""The fused layer ops (docs/semantics.md 6.12): residual add + RMSNorm, rotary embedding +
-paged K/V write, SiLU-gated activation.
+"""The fused layer ops (docs/semantics.md 6.12, 6.21): residual add + RMSNorm, the same norm
+fused into the matmul it feeds, rotary embedding + paged K/V write, SiLU-gated activation.
 
 Records of the op registry (specverify/conformance/registry/__init__.py). The torch records go
 through the public op (the unfused torch maths the CPU model runs), float32 and float64; the
@@ -19,6 +19,7 @@ from specverify import dtypes, ops
 from specverify.conformance import strategies as S
 from specverify.conformance.registry.core import CLOSE, EXACT, ErrorInput, OpSpec, SampleInput, only
 from specverify.kernels.fused_layers import add_rmsnorm_impl, rotary_kv_write_impl, silu_mul_impl
+from specverify.kernels.norm_matmul import norm_matmul_triton
 
 TORCH_DTYPES = only("float32", "float64")
 TRITON_DTYPES = only("float32", "float16", "bfloat16")
@@ -169,6 +170,132 @@ def _arn_errors(which: str):
         yield ErrorInput("at-4d-x", with_at(lanes["at"], x=lanes["x"][:, :, None]), ValueError,
                          r"for x \[bs, q, H\]", "at")
         yield ErrorInput("at-device", with_at(lanes["at"].to("meta")), ValueError, "at is on meta", "at")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------
+# norm_matmul: add_rmsnorm's (normed, sum), then out = normed @ weight_t^T, normed rounded to x's dtype
+
+def _nm_weight_scale(hidden: int) -> int:
+    """2**floor(log2(H) / 2), a power of two near sqrt(H): W^T's entries divided by it keep each
+    output O(1) (a sum of H products of O(1) normed entries)."""
+    return 1 << ((hidden.bit_length() - 1) // 2)
+
+
+def _nm_sample(name, seed, dtype, *, rows, hidden, cols, lanes=None, residual=True, eps=1e-6,
+               kind="plain") -> SampleInput:
+    """x (and residual) [rows, H], or [rows, lanes, H] when lanes is given; weight_t [cols, H] of
+    multiples of 1/256 in [-1, 1) over `_nm_weight_scale` (exact in every dtype); the norm weight
+    as add_rmsnorm's samples draw it."""
+    gen = torch.Generator().manual_seed(seed)
+    t = _torch_dtype(dtype)
+    shape = (rows, hidden) if lanes is None else (rows, lanes, hidden)
+    x = S.normalish(gen, shape)
+    r = S.normalish(gen, shape)
+    if kind == "nan":
+        x = _with_specials(gen, x, 0.05)
+    elif kind == "tiny":            # mean(x^2) near eps: where eps sits decides the result
+        x, r = x / 1024, r / 1024
+    g = 0.5 + _grid(gen, (hidden,), 0, 385, 256)                      # norm weights in [0.5, 2)
+    wt = _grid(gen, (cols, hidden), -256, 256, 256) / _nm_weight_scale(hidden)
+    xs = _ulp_pairs(x, t) if kind == "ulp" else S.cast(x, t)
+    args = {"x": xs, "norm_weight": S.cast(g, t), "weight_t": S.cast(wt, t),
+            "residual": S.cast(r, t) if residual else None, "eps": eps}
+    return SampleInput(name, args, seed)
+
+
+def _nm_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        a = s.args
+        if which == "triton":
+            out, total = norm_matmul_triton(a["x"], a["residual"], a["norm_weight"], a["weight_t"], a["eps"])
+        else:
+            out, total = ops.norm_matmul(a["x"], a["norm_weight"], a["weight_t"], residual=a["residual"],
+                                         eps=a["eps"], impl="torch")
+        return {"out": out, "sum": total}
+    return impl
+
+
+def _nm_ref(s: SampleInput) -> dict:
+    """The reference with the op's rounding of the sum and the normed to x's dtype (`round_to`):
+    unrounded, the normed's rounding would add up over the H terms of each output."""
+    a = s.args
+    out, total = reference.norm_matmul(x=a["x"].double().numpy(), norm_weight=a["norm_weight"].double().numpy(),
+                                       weight_t=a["weight_t"].double().numpy(),
+                                       residual=None if a["residual"] is None else a["residual"].double().numpy(),
+                                       eps=a["eps"], round_to=dtypes.dtype_info(a["x"].dtype).name)
+    return {"out": torch.from_numpy(out), "sum": torch.from_numpy(total)}
+
+
+def _nm_samples(small: bool):
+    def samples(dtype: str, seed: int):
+        def one(name, i, **kw):
+            return _nm_sample(name, seed + i, dtype, **kw)
+        yield one("empty-batch", 0, rows=0, hidden=8, cols=5)
+        yield one("boundary-hidden-1", 1, rows=3, hidden=1, cols=4)
+        yield one("boundary-hidden-not-pow2", 2, rows=4, hidden=40, cols=12)
+        yield one("boundary-cols-1", 3, rows=3, hidden=16, cols=1)
+        yield one("boundary-cols-40", 4, rows=5, hidden=24, cols=40)
+        yield one("boundary-cols-33", 5, rows=2, hidden=12, cols=33)
+        # rows past one and two blocks of 16 (the kernel's row block), each with a tail
+        yield one("rows-20", 6, rows=20, hidden=24, cols=17)
+        yield one("rows-37", 7, rows=37, hidden=9, cols=33)
+        yield one("no-residual", 8, rows=3, hidden=32, cols=8, residual=False)
+        yield one("nan-inf-signed-zero", 9, rows=6, hidden=24, cols=10, kind="nan")
+        yield one("nan-inf-signed-zero-no-residual", 10, rows=5, hidden=20, cols=6, residual=False, kind="nan")
+        yield one("ulp-adjacent-entries", 11, rows=3, hidden=33, cols=9, kind="ulp")
+        yield one("tiny-rows-eps-matters", 12, rows=3, hidden=16, cols=8, kind="tiny", eps=1e-5)
+        yield one("eps-zero", 13, rows=2, hidden=16, cols=8, eps=0.0)
+        yield one("lanes-3d-x", 14, rows=3, lanes=4, hidden=24, cols=20)
+        if not small:
+            yield one("large-rows", 15, rows=9, hidden=300, cols=70)
+    return samples
+
+
+def _nm_recipe(dtype: str):
+    from hypothesis import strategies as st
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 20), st.integers(1, 70), st.integers(1, 40), st.booleans(),
+                     st.sampled_from(("plain", "nan", "ulp", "tiny"))).map(
+        lambda t: _nm_sample(f"hyp-{t[5]}", t[0], dtype, rows=t[1], hidden=t[2], cols=t[3], residual=t[4],
+                             kind=t[5]))
+
+
+def _nm_errors(which: str):
+    base = _nm_sample("base", 0, "float32", rows=2, hidden=8, cols=5).args
+
+    def call(**changes):
+        a = {**base, **changes}
+        return lambda: ops.norm_matmul(a["x"], a["norm_weight"], a["weight_t"], residual=a["residual"], eps=a["eps"],
+                                       impl=which)
+
+    def errors():
+        x, g, wt, r = base["x"], base["norm_weight"], base["weight_t"], base["residual"]
+        yield ErrorInput("x-list", call(x=x.tolist()), TypeError, "x must be a torch.Tensor", "x")
+        yield ErrorInput("x-int", call(x=x.long()), ValueError, "x dtype torch.int64 is not a layer dtype", "x")
+        yield ErrorInput("x-empty-hidden", call(x=x[:, :0], norm_weight=g[:0], weight_t=wt[:, :0], residual=None),
+                         ValueError, r"x must be \[..., H\] with H >= 1", "x")
+        yield ErrorInput("norm-weight-length", call(norm_weight=g[:5]), ValueError,
+                         r"norm_weight must be \[H\] = \[8\]", "norm_weight")
+        yield ErrorInput("norm-weight-device", call(norm_weight=g.to("meta")), ValueError, "norm_weight is on meta",
+                         "norm_weight")
+        yield ErrorInput("weight-t-width", call(weight_t=wt[:, :7]), ValueError,
+                         r"weight_t must be \[N, H\] = \[N, 8\] of x's dtype", "weight_t")
+        yield ErrorInput("weight-t-dtype", call(weight_t=wt.double()), ValueError,
+                         r"weight_t must be \[N, H\] = \[N, 8\] of x's dtype torch.float32", "weight_t")
+        yield ErrorInput("weight-t-1d", call(weight_t=wt[0]), ValueError, r"weight_t must be \[N, H\]", "weight_t")
+        yield ErrorInput("residual-shape", call(residual=r[:1]), ValueError, "residual must have x's shape",
+                         "residual")
+        yield ErrorInput("residual-dtype", call(residual=r.double()), ValueError,
+                         "residual must have x's shape .* and dtype", "residual")
+        yield ErrorInput("eps-negative", call(eps=-1e-6), ValueError, "eps must be a finite float >= 0", "eps")
+        yield ErrorInput("eps-nan", call(eps=float("nan")), ValueError, "eps must be a finite float >= 0", "eps")
+        yield ErrorInput("bad-impl", lambda: ops.norm_matmul(x, g, wt, impl="cuda"), ValueError,
+                         "impl must be one of", "impl")
+        if which == "triton":       # the kernel holds a row's whole H in one tile
+            wide = _nm_sample("wide", 0, "float32", rows=1, hidden=1025, cols=2).args
+            yield ErrorInput("hidden-past-the-tile", lambda: ops.norm_matmul(wide["x"], wide["norm_weight"],
+                                                                            wide["weight_t"], impl="triton"),
+                             ValueError, "x's H must be <= 1024", "x")
     return errors
 
 
@@ -440,6 +567,12 @@ RECORDS = (
     OpSpec("add_rmsnorm_triton", _arn_impl("triton"), _arn_ref, _arn_samples(True), _arn_recipe,
            _arn_errors("triton"), TRITON_DTYPES, {"normed": CLOSE, "sum": CLOSE}, tolerance_dtype=LAYER_TOLERANCE,
            platform_dependent=False, max_examples=3),
+    OpSpec("norm_matmul", _nm_impl("torch"), _nm_ref, _nm_samples(False), _nm_recipe, _nm_errors("torch"),
+           TORCH_DTYPES, {"out": CLOSE, "sum": CLOSE}, tolerance_dtype=LAYER_TOLERANCE, platform_dependent=False,
+           max_examples=10),
+    OpSpec("norm_matmul_triton", _nm_impl("triton"), _nm_ref, _nm_samples(True), _nm_recipe, _nm_errors("triton"),
+           TRITON_DTYPES, {"out": CLOSE, "sum": CLOSE}, tolerance_dtype=LAYER_TOLERANCE, platform_dependent=False,
+           max_examples=3),
     OpSpec("rotary_kv_write", _rkv_impl("torch"), _rkv_ref, _rkv_samples(False), _rkv_recipe, _rkv_errors("torch"),
            TORCH_DTYPES, {"q": CLOSE, "k_cache": CLOSE, "v_cache": CLOSE}, tolerance_dtype=LAYER_TOLERANCE,
            platform_dependent=False, max_examples=10),
