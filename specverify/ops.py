@@ -529,6 +529,19 @@ def _same_device(name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -
         raise ValueError(f"{name} is on {t.device}, {ref_name} on {ref.device}: all inputs must be on one device")
 
 
+def _check_residual_and_eps(x: torch.Tensor, residual, eps) -> None:
+    """A norm's residual (None, or a tensor of x's shape, dtype and device) and its eps (a finite
+    float >= 0): a TypeError / ValueError naming the argument otherwise."""
+    if residual is not None:
+        _tensor("residual", residual, "[..., H]")
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValueError(f"residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
+                             f"{tuple(residual.shape)} {residual.dtype}")
+        _same_device("residual", residual, x, "x")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0.0 <= float(eps) < float("inf")):
+        raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
+
+
 def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor | None = None, eps: float = 1e-6,
                 at: torch.Tensor | None = None, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm of the residual sum -> (normed, sum), both [..., H] in x's dtype.
@@ -553,14 +566,7 @@ def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor
         raise ValueError(f"weight must be [H] = [{x.shape[-1]}], got shape {tuple(weight.shape)}")
     _layer_float("weight", weight)
     _same_device("weight", weight, x, "x")
-    if residual is not None:
-        _tensor("residual", residual, "[..., H]")
-        if residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError(f"residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
-                             f"{tuple(residual.shape)} {residual.dtype}")
-        _same_device("residual", residual, x, "x")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0.0 <= float(eps) < float("inf")):
-        raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
+    _check_residual_and_eps(x, residual, eps)
     if at is not None:
         _tensor("at", at, "[bs]")
         if x.dim() != 3 or at.dtype != torch.int64 or at.shape != x.shape[:1]:
@@ -709,14 +715,7 @@ def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, weight_t: torch.Tens
         raise ValueError(f"weight_t must be [N, H] = [N, {hidden}] of x's dtype {x.dtype}, got "
                          f"{tuple(weight_t.shape)} {weight_t.dtype}")
     _same_device("weight_t", weight_t, x, "x")
-    if residual is not None:
-        _tensor("residual", residual, "[..., H]")
-        if residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError(f"residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
-                             f"{tuple(residual.shape)} {residual.dtype}")
-        _same_device("residual", residual, x, "x")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0.0 <= float(eps) < float("inf")):
-        raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
+    _check_residual_and_eps(x, residual, eps)
     return norm_matmul_impl(x, residual, norm_weight, weight_t, float(eps), impl)
 
 

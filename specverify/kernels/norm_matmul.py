@@ -16,8 +16,8 @@ is contiguous along K, so a narrow column block still reads whole cache lines): 
 memory, then the norm and one dot. Every program recomputes its rows' norm (a few KB from L2)
 instead of waiting on another kernel for it. That is what makes it pay at a small hidden size and
 what bounds it: K <= `MAX_HIDDEN` (the row and the slice live in registers). On an H100, at the
-small preset's draft head (K 512, bs 8): the q|k|v projection 3.6 us against 5.1 us for the norm
-kernel and cuBLAS's matmul, the gate|up one 4.3 against 5.6 us; at K 2048 the tiles spill and it
+small preset's draft head (K 512, bs 8): the q|k|v projection 3.7 us against 5.2 us for the norm
+kernel and cuBLAS's matmul, the gate|up one 4.4 against 5.7 us; at K 2048 the tiles spill and it
 loses (benchmarks/results/norm_matmul-nvidia-h100-80gb-hbm3.md).
 
 float32 inputs take IEEE products on the FMA units (TF32 would round them); the interpreter widens
@@ -64,7 +64,7 @@ def _norm_matmul_kernel(x_ptr, r_ptr, g_ptr, wt_ptr, out_ptr, sum_ptr, rows, n_c
     pid_n = tl.program_id(0)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if LONG_OFFSETS:            # a tensor past 2**31 entries (32-bit offsets are the faster code)
+    if LONG_OFFSETS:            # an operand reaching past 2**31 entries (32-bit offsets: the faster code)
         m, n = m.to(tl.int64), n.to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     mlive, nlive, klive = m < rows, n < n_cols, k < HIDDEN
@@ -91,6 +91,14 @@ def _norm_matmul_kernel(x_ptr, r_ptr, g_ptr, wt_ptr, out_ptr, sum_ptr, rows, n_c
              mask=mlive[:, None] & nlive[None, :])
 
 
+def _span(t: torch.Tensor | None) -> int:
+    """One past the largest entry offset a 2-D tensor's rows reach (its row stride counts, not its
+    size: a strided view of a few rows can reach far)."""
+    if t is None or t.shape[0] == 0:
+        return 0
+    return (t.shape[0] - 1) * t.stride(0) + (t.shape[1] - 1) * t.stride(1) + 1
+
+
 def norm_matmul_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                        weight_t: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [..., N], sum [..., H]) of x [..., H] (+ residual), weight_t [N, H] = W^T: the kernel
@@ -106,7 +114,11 @@ def norm_matmul_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weig
     rows = x2.shape[0]
     out = torch.empty((rows, n_cols), dtype=x.dtype, device=x.device)
     total = x2 if r2 is None else torch.empty_like(x2)
-    if rows and n_cols:
+    if rows and not n_cols and r2 is not None:
+        # No column block to store the residual stream: torch's add rounds it alike (float32, nearest
+        # even), and an empty W^T may have no address to hand a kernel.
+        total = x2 + r2
+    elif rows and n_cols:
         block_n = column_block(n_cols)
         _norm_matmul_kernel[(triton.cdiv(n_cols, block_n), triton.cdiv(rows, ROW_BLOCK))](
             x2, x2 if r2 is None else r2, norm_weight, weight_t, out, total, rows, n_cols, float(eps),
@@ -114,8 +126,8 @@ def norm_matmul_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weig
             total.stride(0), HIDDEN=hidden, BLOCK_K=max(16, triton.next_power_of_2(hidden)), HAS_RESIDUAL=r2 is not None,
             WIDE=x.dtype == torch.float32 or interpreted(_norm_matmul_kernel),
             TO_BF16=x.dtype == torch.bfloat16 and interpreted(_norm_matmul_kernel),
-            LONG_OFFSETS=max(x2.numel(), weight_t.numel(), out.numel()) >= 2 ** 31 - BLOCK_SPAN, BLOCK_M=ROW_BLOCK, BLOCK_N=block_n,
-            num_warps=4)
+            LONG_OFFSETS=max(_span(t) for t in (x2, r2, weight_t, out, total)) >= 2 ** 31 - BLOCK_SPAN,
+            BLOCK_M=ROW_BLOCK, BLOCK_N=block_n, num_warps=4)
     if r2 is None:
         return out.view(*x.shape[:-1], n_cols), x
     return out.view(*x.shape[:-1], n_cols), total.view(x.shape)

@@ -1,0 +1,186 @@
+"""`ops.norm_matmul` (docs/semantics.md 6.21) where the registry's samples cannot look: the
+registry records compare every dtype by the float16 entry of the tolerance table, which a missing
+rounding, a float32 float64-path or TF32 products pass. Here inputs are built so that every product
+and every float32 sum is exact and the op's bits are its roundings alone (nearest even, once each),
+and the float64 reference's own rounding helper is held to torch's casts. Also: strided operands bit
+for bit against contiguous copies, the residual stream of a matmul of no columns, a float32 overflow
+of the mean square, the hidden bound under "auto", the argument checks' devices and eps.
+(A reviewer's planted bugs that survived the first tests: tests/mutants/norm_matmul.toml.)"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import reference
+import specverify
+from reference.layers import round_to_format
+from specverify import ops
+from specverify.models import layers
+from specverify.models.config import preset
+from specverify.models.draft import NORM_MATMUL_HIDDEN
+from tests.support.asserts import assert_close
+
+pytestmark = pytest.mark.kernels
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_norm_matmul_reads_strided_operands(impl):
+    """x, residual and weight_t each a column slice of a wider tensor (row strides 2H, 3H, H + 8):
+    both outputs bit for bit what contiguous copies give."""
+    g = torch.Generator().manual_seed(4)
+    rows, hidden, cols = 20, 24, 17
+    x = torch.randn((rows, 2 * hidden), generator=g)[:, :hidden]
+    r = torch.randn((rows, 3 * hidden), generator=g)[:, hidden:2 * hidden]
+    wt = torch.randn((cols, hidden + 8), generator=g)[:, 8:]
+    w = torch.rand(hidden, generator=g) + 0.5
+    x, r, wt, w = (t.to(DEV) for t in (x, r, wt, w))
+    assert x.stride(0) != hidden and r.stride(0) != x.stride(0) and wt.stride(0) != hidden
+    got = ops.norm_matmul(x, w, wt, residual=r, impl=impl)
+    want = ops.norm_matmul(x.contiguous(), w, wt.contiguous(), residual=r.contiguous(), impl=impl)
+    for a, b, what in zip(got, want, ("out", "sum")):
+        assert torch.equal(a, b), f"{impl}: {what} of strided operands differs from the contiguous copies'"
+
+
+def _exact_case(dtype):
+    """Rows whose mean square is exactly 4 (one entry +-7, fifteen +-1; eps 0: rstd 0.5), a
+    residual that halves them, gains with a full significand, W^T on multiples of 1/16: the
+    normed needs one rounding to dtype and every float32 sum of products is exact, so the op's
+    bits are those of the two roundings alone."""
+    g = torch.Generator().manual_seed(11)
+    rows, hidden, cols = 19, 16, 21
+    s = torch.where(torch.rand((rows, hidden), generator=g) < 0.5, -1.0, 1.0).double()
+    s[torch.arange(rows), torch.randint(0, hidden, (rows,), generator=g)] *= 7
+    gain = (1 + torch.randint(0, 128, (hidden,), generator=g).double() / 128).to(dtype)
+    wt = (torch.randint(-16, 16, (cols, hidden), generator=g).double() / 16).to(dtype)
+    normed = (s * 0.5 * gain.double()).to(torch.float32).to(dtype)              # one rounding (3.5 * gain is exact in float32)
+    exact = normed.double() @ wt.double().T                                      # exact: < 2**7, on multiples of 2**-16
+    return (s / 2).to(dtype), (s / 2).to(dtype), gain, wt, normed, exact
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_norm_matmul_rounds_normed_and_out_once_to_nearest_even(dtype):
+    x, r, gain, wt, _, exact = _exact_case(dtype)
+    out, total = ops.norm_matmul(x.to(DEV), gain.to(DEV), wt.to(DEV), residual=r.to(DEV), eps=0.0, impl="triton")
+    want = exact.to(torch.float32).to(dtype)
+    assert torch.equal(total.cpu(), x + r)
+    bad = int((out.cpu() != want).sum())
+    assert bad == 0, f"{bad} of {want.numel()} outputs are not the nearest-even rounding of the exact sum"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reference_norm_matmul_rounds_the_normed(dtype):
+    x, r, gain, wt, _, exact = _exact_case(dtype)
+    out, _ = reference.norm_matmul(x=x.double().numpy(), residual=r.double().numpy(), norm_weight=gain.double().numpy(),
+                                   weight_t=wt.double().numpy(), eps=0.0, round_to=str(dtype).split(".")[-1])
+    assert np.array_equal(out, exact.numpy())
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "bfloat16"])
+def test_round_to_format_is_torchs_cast(fmt):
+    """Normal values, ties, subnormals, the overflow midpoint from both sides, signed zeros, NaN,
+    inf: round_to_format(v, fmt) == float64(torch's cast of v) (values exact in float32 for the
+    16-bit formats, so torch's double -> float -> half rounds once)."""
+    t = getattr(torch, fmt)
+    fi = torch.finfo(t)
+    nmant = {"float32": 23, "float16": 10, "bfloat16": 7}[fmt]
+    big = fi.max
+    ulp_top = 2.0 ** (int(np.floor(np.log2(big))) - nmant)
+    g = torch.Generator().manual_seed(2)
+    rand = torch.randn(2000, generator=g, dtype=torch.float64) * torch.exp2(torch.randint(-30, 30, (2000,), generator=g).double())
+    sub = fi.smallest_normal * torch.tensor([0.3, 0.5, 0.75, 1.0 - 2 ** -12, 1.5 / 2 ** nmant, 2.5 / 2 ** nmant])
+    edges = torch.tensor([big, big + ulp_top / 4, big + ulp_top / 2 - ulp_top / 64, big + ulp_top / 2,
+                          1 + fi.eps / 2, 1 + 1.5 * fi.eps, 0.0, -0.0, float("inf"), -float("inf")], dtype=torch.float64)
+    v = torch.cat([rand, sub, -sub, edges, -edges])
+    if fmt != "float32":
+        v = v.float().double()
+    want = v.to(t).double()
+    got = torch.from_numpy(round_to_format(v.numpy(), fmt))
+    same = (got == want) & (got.signbit() == want.signbit())
+    assert bool(same.all()), [(float(a), float(b), float(c)) for a, b, c in zip(v[~same][:5], got[~same][:5], want[~same][:5])]
+
+
+@pytest.mark.parametrize("impl,dtype", [("triton", torch.bfloat16), ("triton", torch.float32), ("torch", torch.float32)])
+def test_norm_matmul_float32_overflow_of_the_mean_square_is_nan(impl, dtype):
+    """docs/semantics.md 6.12 / 6.21: a row whose float32 mean square overflows (finite entries of
+    2**64) has no scale: NaN throughout in out; the other rows stay finite."""
+    x = torch.ones((3, 8), dtype=dtype)
+    x[1] = 2.0 ** 64
+    out, _ = ops.norm_matmul(x.to(DEV), torch.ones(8, dtype=dtype, device=DEV), torch.ones((5, 8), dtype=dtype, device=DEV),
+                             impl=impl)
+    out = out.cpu()
+    assert bool(out[1].isnan().all()) and bool(out[[0, 2]].isfinite().all()), out
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_norm_matmul_zero_columns_still_return_the_sum(impl):
+    g = torch.Generator().manual_seed(1)
+    x, r = (torch.randn((5, 16), generator=g).to(DEV) for _ in range(2))
+    out, total = ops.norm_matmul(x, torch.ones(16, device=DEV), torch.empty((0, 16), device=DEV), residual=r, impl=impl)
+    assert out.shape == (5, 0) and torch.equal(total, x + r)
+
+
+def test_norm_matmul_bad_devices_and_eps_are_named():
+    x, r = torch.randn(2, 8), torch.randn(2, 8)
+    w, wt = torch.ones(8), torch.randn(5, 8)
+    for kw, name in ((dict(residual=r.to("meta")), "residual is on meta"), (dict(eps=float("inf")), "eps must be a finite"),):
+        with pytest.raises(ValueError, match=name):
+            ops.norm_matmul(x, w, wt, impl="torch", **kw)
+    with pytest.raises(ValueError, match="weight_t is on meta"):
+        ops.norm_matmul(x, w, wt.to("meta"), impl="torch")
+
+
+def test_norm_matmul_hidden_bound_holds_for_auto_on_a_gpu(monkeypatch):
+    """H = 1024 is accepted on the Triton path, 1025 refused, whether impl is "triton" or "auto"
+    (emulated: ops told the Triton path is taken)."""
+    monkeypatch.setattr(ops, "runs_triton", lambda impl, device, dtype: impl in ("auto", "triton"))
+    monkeypatch.setattr(ops, "norm_matmul_impl", lambda *a: "launched")
+    for impl in ("auto", "triton"):
+        assert ops.norm_matmul(torch.ones(1, 1024), torch.ones(1024), torch.ones(1, 1024), impl=impl) == "launched"
+        with pytest.raises(ValueError, match="x's H must be <= 1024"):
+            ops.norm_matmul(torch.ones(1, 1025), torch.ones(1025), torch.ones(1, 1025), impl=impl)
+
+
+def test_norm_matmul_float64_torch_path_is_float64():
+    """The torch record compares float64 at the float16 tolerance, which a float64 path computing in
+    float32 passes. Here float64 against the unrounded reference at float64's tolerance."""
+    g = torch.Generator().manual_seed(3)
+    x, r = (torch.randn((6, 40), generator=g, dtype=torch.float64) for _ in range(2))
+    w = torch.rand(40, generator=g, dtype=torch.float64) + 0.5
+    wt = torch.randn((12, 40), generator=g, dtype=torch.float64)
+    out, total = ops.norm_matmul(x, w, wt, residual=r, impl="auto")
+    want_out, want_sum = reference.norm_matmul(x=x.numpy(), norm_weight=w.numpy(), weight_t=wt.numpy(), residual=r.numpy())
+    assert_close(out, torch.from_numpy(want_out), "float64", "float64 out")
+    assert_close(total, torch.from_numpy(want_sum), "float64", "float64 sum")
+
+
+def test_draft_head_fuses_at_the_small_preset(monkeypatch):
+    """The small preset's head (H 512) puts its norms in its matmuls on the fused path, the medium
+    one's (H 2048, where the kernel's whole row spills) does not."""
+    monkeypatch.setattr(layers, "fused_path", lambda device, dtype: dtype != torch.float64)
+    models = specverify.build_models("small", seed=0, compute_dtype="bfloat16", device="cpu")
+    assert models.draft.norm_matmul and preset("medium").hidden_size > NORM_MATMUL_HIDDEN
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_norm_matmul_without_residual_returns_x_as_the_sum(impl):
+    x = torch.randn((3, 4, 16)).to(DEV)
+    out, total = ops.norm_matmul(x, torch.ones(16, device=DEV), torch.randn((5, 16), device=DEV), impl=impl)
+    assert out.shape == (3, 4, 5) and total.shape == x.shape and torch.equal(total, x)
+
+
+def test_norm_matmul_float32_products_are_ieee():
+    """float32: gains with 16 significant bits (TF32 keeps 11), W^T in {-1, -1/2, 0, 1/2}: every
+    product and float32 sum exact, so out is the exact sum bit for bit (TF32 would move it)."""
+    g = torch.Generator().manual_seed(12)
+    rows, hidden, cols = 19, 16, 21
+    s = torch.where(torch.rand((rows, hidden), generator=g) < 0.5, -1.0, 1.0).double()
+    s[torch.arange(rows), torch.randint(0, hidden, (rows,), generator=g)] *= 7
+    gain = 1 + torch.randint(0, 2 ** 15, (hidden,), generator=g).double() / 2 ** 15
+    wt = torch.randint(-2, 2, (cols, hidden), generator=g).double() / 2
+    exact = (s * 0.5 * gain) @ wt.T
+    out, _ = ops.norm_matmul((s / 2).float().to(DEV), gain.float().to(DEV), wt.float().to(DEV),
+                             residual=(s / 2).float().to(DEV), eps=0.0, impl="triton")
+    assert torch.equal(out.cpu().double(), exact)
