@@ -27,6 +27,12 @@ def draft_batch(rows, kv_lens, tokens, device="cpu") -> Batch:
                  torch.full((bs,), q), mask, parents)
 
 
+def batch_on(batch: Batch, dev) -> Batch:
+    """The batch with every tensor field moved to dev."""
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
+                                         if torch.is_tensor(getattr(batch, f.name))})
+
+
 def test_draft_extend_then_decode_equals_one_extend(seed):
     models = build_models("tiny", seed=seed % 1000, compute_dtype="float64", device="cpu")
     cfg = models.config
@@ -73,8 +79,7 @@ def assert_write_kv_writes_the_forwards_kv(models, draft, seed: int, dev) -> Non
         cache.draft_kv.stacked.normal_(generator=torch.Generator(dev).manual_seed(2))
         batch = draft_batch(rows, [2, 0, 3], tokens)
         batch.q_lens = torch.tensor([q, q - 2, 1])                       # padded lanes write the sink
-        batch = dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
-                                              if torch.is_tensor(getattr(batch, f.name))})
+        batch = batch_on(batch, dev)
         table = cache.table.req_to_token.clone()
         call(cache, batch, feats.to(dev))
         assert torch.equal(cache.table.req_to_token, table)
@@ -390,8 +395,7 @@ def test_forward_at_one_lane_per_request_returns_that_lanes_rows(logits_dtype, s
         cache.table.flush()
         batch = draft_batch(rows, [2, 1, 2], tokens)
         batch.req_ids = torch.arange(bs)
-        batch = dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
-                                              if torch.is_tensor(getattr(batch, f.name))})
+        batch = batch_on(batch, dev)
         out = draft.forward(cache, batch, feats.to(dev), at=None if lanes is None else lanes.to(dev))
         return dataclasses.replace(out, **{f.name: getattr(out, f.name).cpu() for f in dataclasses.fields(out)
                                            if torch.is_tensor(getattr(out, f.name))}), cache.draft_kv.stacked.cpu()

@@ -112,7 +112,7 @@ def test_draft_head_norms_ride_in_their_matmuls_against_the_reference(fused_on_c
     from reference.eagle import draft_row
     from specverify.kernels import norm_matmul
     from specverify.models import draft as draft_module
-    from tests.test_draft_head import draft_batch
+    from tests.test_draft_head import batch_on, draft_batch
 
     models = specverify.build_models("tiny", seed=seed % 1000, compute_dtype=compute_dtype, device=FUSED_DEVICE)
     cfg, head = models.config, models.draft
@@ -136,8 +136,7 @@ def test_draft_head_norms_ride_in_their_matmuls_against_the_reference(fused_on_c
         rows = [cache.table.alloc_row() for _ in range(bs)]
         for r in rows:
             cache.table.reserve(r, q)
-        batch = draft_batch(rows, [0] * bs, tokens)
-        batch = batch.__class__(**{k: (v.to(FUSED_DEVICE) if torch.is_tensor(v) else v) for k, v in vars(batch).items()})
+        batch = batch_on(draft_batch(rows, [0] * bs, tokens), FUSED_DEVICE)
         launches.update(norm_matmul=0, add_rmsnorm=0)
         out = head.forward(cache, batch, feats.to(head.w["fc"].dtype).to(FUSED_DEVICE))
         fused = bs * q <= draft_module.NORM_MATMUL_ROWS
