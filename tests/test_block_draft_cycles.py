@@ -158,8 +158,11 @@ class RecordingHead:
     def hidden_states(self, cache, batch, features):
         return self.inner.hidden_states(cache, batch, features)
 
-    def write_kv(self, cache, batch, features):
-        self.inner.write_kv(cache, batch, features)
+    def context_input(self, cache, batch, features):
+        return self.inner.context_input(cache, batch, features)
+
+    def write_kv(self, cache, batch, features, *, context=None):
+        self.inner.write_kv(cache, batch, features, context=context)
 
 
 def test_dflash_block_rows_see_every_context_and_block_row():

@@ -58,9 +58,10 @@ def test_draft_extend_then_decode_equals_one_extend(seed):
                      f"draft logits at {j}")
 
 
-def assert_write_kv_writes_the_forwards_kv(models, draft, seed: int, dev) -> None:
+def assert_write_kv_writes_the_forwards_kv(models, draft, seed: int, dev, shared_with=None) -> None:
     """`draft.write_kv` writes the K/V `draft.forward` writes, bit for bit, into the head's own
-    draft layer only: three runs from one random cache (nothing, the forward, write_kv) over 3
+    draft layer only: runs from one random cache (nothing, the forward, write_kv, and write_kv
+    given the context `shared_with.context_input` made, as MTP's heads 1.. share one) over 3
     requests at other positions with padded lanes; the sink slot is left out of the exact
     comparison (every padded token's K/V lands there, the last write the device's choice)."""
     cfg = models.config
@@ -93,6 +94,11 @@ def assert_write_kv_writes_the_forwards_kv(models, draft, seed: int, dev) -> Non
     assert torch.equal(only[:, kept], whole[:, kept]), "write_kv writes the forward's K/V, bit for bit"
     assert not torch.equal(only[:, SINK_SLOT], untouched[:, SINK_SLOT]), "the padded tokens write the sink"
     assert torch.equal(only_target, target_kv) and torch.equal(whole_target, target_kv)
+    if shared_with is not None:
+        shared, shared_target = run(lambda cache, batch, f: draft.write_kv(
+            cache, batch, f, context=shared_with.context_input(cache, batch, f)))
+        assert torch.equal(shared[:, kept], whole[:, kept]), "write_kv from a shared context writes the forward's K/V"
+        assert torch.equal(shared_target, target_kv)
 
 
 @pytest.mark.parametrize("compute_dtype", ["float64", "bfloat16"])
@@ -106,7 +112,27 @@ def test_write_kv_writes_the_forwards_kv_and_nothing_else(compute_dtype, head, s
     CPU: tests/test_fused_layers.py)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     models = build_models("tiny", seed=seed % 1000, compute_dtype=compute_dtype, device=dev)
-    assert_write_kv_writes_the_forwards_kv(models, models.draft if head == "draft" else models.mtp[1], seed, dev)
+    draft, other = (models.draft, models.mtp[0]) if head == "draft" else (models.mtp[1], models.mtp[2])
+    assert_write_kv_writes_the_forwards_kv(models, draft, seed, dev, shared_with=other)
+
+
+def test_write_kv_refuses_a_context_of_another_embedding_or_rotary_table():
+    """A shared context is the concat of one embedding and the plan of one rotary table: a head
+    given one made by the DFlash head (its embedding has the mask row) or by a head of another
+    RoPE base refuses it, naming the argument."""
+    models = build_models("tiny", seed=3, compute_dtype="float32", device="cpu")
+    cfg = models.config
+    cache = models.target.new_cache(max_requests=1, draft_layers=len(models.mtp))
+    row = cache.table.alloc_row()
+    cache.table.reserve(row, 4)
+    batch = draft_batch([row], [0], torch.tensor([[1, 2, 3]]))
+    feats = torch.ones((1, 3, cfg.hidden_size))
+    other_base = type(models.mtp[0])(dataclasses.replace(cfg, rope_theta=cfg.rope_theta * 2), models.mtp_weights[0],
+                                     models.target.w, dtype=torch.float32)
+    for maker in (models.dflash, other_base):
+        context = maker.context_input(cache, batch, feats)
+        with pytest.raises(ValueError, match="context: made by a head with another embedding or rotary table"):
+            models.mtp[1].write_kv(cache, batch, feats, context=context)
 
 
 def steered_logits(agreement, logits_dtype, n=512, seed=0):

@@ -224,9 +224,9 @@ class LaneRecorder:
         self._record(batch)
         return self.inner.hidden_states(cache, batch, features)
 
-    def write_kv(self, cache, batch, features):
+    def write_kv(self, cache, batch, features, *, context=None):
         self._record(batch)
-        self.inner.write_kv(cache, batch, features)
+        self.inner.write_kv(cache, batch, features, context=context)
 
 
 @pytest.mark.e2e

@@ -14,7 +14,8 @@ index t - 1):
 - MTP: head j owns draft K/V layer j. Every head j < S runs the draft-extend over the same rows.
   Step 0 is head 0's root row; step i (1 <= i < S) is head i's single row (d_i, the hidden of the
   row that produced d_i, position n + i) at draft index n of layer i, which sees head i's prefix
-  and itself only.
+  and itself only. Heads 1.. write their context K/V only, from one embedding concat and plan;
+  on a GPU on a side stream beside head 0's forward, joined before step 1 (`SideStream`).
 - DFlash: the head owns layer 0. After the draft-extend, one forward of the S block rows (the
   mask token id vocab_size, feature g = the hidden of the root's row, positions n + 1 .. n + S) at
   draft indices n .. n + S - 1, each row seeing the prefix and every block row (bidirectional).
@@ -26,6 +27,7 @@ import torch
 
 from specverify import ops
 from specverify.engine.eagle_cycle import EagleCycle
+from specverify.engine.side_stream import SideStream
 from specverify.models import Batch
 from specverify.models.layers import lane_rows, lone_query_mask
 
@@ -33,13 +35,23 @@ from specverify.models.layers import lane_rows, lone_query_mask
 class MtpCycle(EagleCycle):
     """The EAGLE cycle with the MTP chain draft: one head (and draft K/V layer) per draft step."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.beside = SideStream(self.cache.table.req_to_token.device)
+
     def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, finished) -> None:
         heads = self.models.mtp
         bs = tokens.shape[0]
         plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
+        # The other heads' context, K/V only, with one embedding concat and plan for all of them: on
+        # a GPU beside head 0's forward (nothing reads their layers before step 1).
+        if self.S > 1:
+            with self.beside.fork():
+                context = heads[1].context_input(self.cache, batch, feats)
+                for j in range(1, self.S):
+                    heads[j].write_kv(self.cache, batch, feats, context=context)
         root = heads[0].forward(self.cache, batch, feats, at=plan.last)   # head 0 drafts d_1 from the root's row
-        for j in range(1, self.S):
-            heads[j].write_kv(self.cache, batch, feats)                   # the other heads' context: K/V only
+        self.beside.join()
         kept = self.state.kept_tokens
         token = self._top1(root.logits[:, 0], root.scale[:, 0], (kept[:, 0], rows))   # [bs, 1] d_1, kept in its row
         hidden = root.hidden                                                # [bs, 1, H] the row that produced d_1

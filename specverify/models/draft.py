@@ -18,6 +18,8 @@ lm_head) and `write_kv` (the K/V of the new tokens and nothing else).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from specverify.kernels.fused_layers import embed_concat_impl
@@ -34,6 +36,16 @@ from specverify.platform import check_device
 # to a decode-size batch (a k1 cycle's draft-extend at bs 8 has 32).
 NORM_MATMUL_HIDDEN = 512
 NORM_MATMUL_ROWS = 64
+
+
+@dataclasses.dataclass
+class ContextInput:
+    """`DraftHead.context_input`: the new tokens' [embedding | feature] rows [bs, q, 2H] and their
+    attention plan, with what they were made from (the embedding, the rotary table's key)."""
+    concat: torch.Tensor
+    plan: layers.AttentionPlan
+    embed: torch.Tensor
+    rotary: tuple
 
 
 class DraftHead:
@@ -70,15 +82,37 @@ class DraftHead:
         x, mlp = self._layer(cache, batch, features)
         return x + mlp
 
-    def write_kv(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor) -> None:
+    def context_input(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor) -> ContextInput:
+        """What the new tokens' K/V writes of every head sharing this head's embedding and
+        rotary table have in common (MTP's heads share the target's): the [embedding | feature]
+        rows and the attention plan."""
+        # One kernel on a GPU: `ops.embed_concat`.
+        concat = embed_concat_impl(batch.input_ids, self.embed, features.to(self.embed.dtype))
+        plan = layers.plan_attention(batch, cache.table.req_to_token, self.rotary, concat.dtype)
+        return ContextInput(concat, plan, self.embed, self._rotary_key())
+
+    def write_kv(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor, *,
+                 context: ContextInput | None = None) -> None:
         """Only the new tokens' K/V into the head's draft cache layer, the values `forward` writes:
         the embedding concat, fc, the attention norm and the q / k / v projections with RoPE. A
         draft-extend that needs nothing but a head's context (an MTP head past the first) calls
-        this, and runs no attention, MLP or lm_head."""
+        this, and runs no attention, MLP or lm_head. context: `context_input` of this batch and
+        features, made once by any head with this head's embedding and rotary table (MTP's heads
+        1.. share one); ValueError for another head's."""
         cfg = self.config
-        x, qkv, plan = self._attention_input(cache, batch, features)   # x: the residual stream, unused here
-        layers.write_kv(x, self.w, "layer", cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer], plan,
-                        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, qkv=qkv)
+        if context is None:
+            context = self.context_input(cache, batch, features)
+        elif context.embed is not self.embed or context.rotary != self._rotary_key():
+            raise ValueError("context: made by a head with another embedding or rotary table than this head's")
+        x, qkv = self._projections(context.concat)          # x: the residual stream, unused here
+        k_cache, v_cache = cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer]
+        layers.write_kv(x, self.w, "layer", k_cache, v_cache, context.plan, num_heads=cfg.num_heads,
+                        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, qkv=qkv)
+
+    def _rotary_key(self) -> tuple:
+        """What the rotary table's values follow from."""
+        cfg = self.config
+        return cfg.max_context, cfg.head_dim, cfg.rope_theta
 
     def _fuses(self, x: torch.Tensor) -> bool:
         """Whether this forward's norms ride in their matmuls: the fused path at this hidden size,
@@ -88,14 +122,18 @@ class DraftHead:
     def _attention_input(self, cache: ModelCache, batch: layers.Batch, features: torch.Tensor):
         """(residual stream x [bs, q, H], its attention norm's q|k|v projections [bs, q, (Hq + 2
         Hkv) hd], the forward's attention plan)."""
-        # [embedding | feature] of each token (one kernel on a GPU: `ops.embed_concat`), then fc.
-        x = embed_concat_impl(batch.input_ids, self.embed, features.to(self.embed.dtype)) @ self.w["fc"]
-        plan = layers.plan_attention(batch, cache.table.req_to_token, self.rotary, x.dtype)
+        context = self.context_input(cache, batch, features)
+        return *self._projections(context.concat), context.plan
+
+    def _projections(self, concat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[embedding | feature] rows [bs, q, 2H] -> (residual stream x = fc's output, the q|k|v
+        projections of its attention norm)."""
+        x = concat @ self.w["fc"]
         eps = self.config.norm_eps
         if self._fuses(x):
-            return x, norm_matmul_impl(x, None, self.w["layer.attn_norm"], self.w["layer.wqkv_t"], eps)[0], plan
+            return x, norm_matmul_impl(x, None, self.w["layer.attn_norm"], self.w["layer.wqkv_t"], eps)[0]
         n, _ = layers.add_rmsnorm(x, None, self.w["layer.attn_norm"], eps)
-        return x, n @ self.w["layer.wqkv"], plan
+        return x, n @ self.w["layer.wqkv"]
 
     def _layer(self, cache: ModelCache, batch: layers.Batch,
                features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -281,8 +281,11 @@ class SteeredDraft:
     def hidden_states(self, cache, batch, features) -> torch.Tensor:
         return self.inner.hidden_states(cache, batch, features)      # no logits, nothing to steer
 
-    def write_kv(self, cache, batch, features) -> None:
-        self.inner.write_kv(cache, batch, features)                  # no logits, nothing to steer
+    def context_input(self, cache, batch, features):
+        return self.inner.context_input(cache, batch, features)
+
+    def write_kv(self, cache, batch, features, *, context=None) -> None:
+        self.inner.write_kv(cache, batch, features, context=context)   # no logits, nothing to steer
 
     def forward(self, cache, batch, features, *, at=None):
         return self.deliver(*self.compute_logits(cache, batch, features, at=at))
