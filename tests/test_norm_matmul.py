@@ -35,11 +35,11 @@ def test_norm_matmul_reads_strided_operands(impl):
     showed it). A stride read wrong reads other entries, far past the tolerance."""
     g = torch.Generator().manual_seed(4)
     rows, hidden, cols = 20, 24, 17
-    x = torch.randn((rows, 2 * hidden), generator=g)[:, :hidden]
-    r = torch.randn((rows, 3 * hidden), generator=g)[:, hidden:2 * hidden]
-    wt = torch.randn((cols, hidden + 8), generator=g)[:, 8:]
-    w = torch.rand(hidden, generator=g) + 0.5
-    x, r, wt, w = (t.to(DEV) for t in (x, r, wt, w))
+    # Sliced on the device: `.to` of a slice makes a contiguous copy.
+    x = torch.randn((rows, 2 * hidden), generator=g).to(DEV)[:, :hidden]
+    r = torch.randn((rows, 3 * hidden), generator=g).to(DEV)[:, hidden:2 * hidden]
+    wt = torch.randn((cols, hidden + 8), generator=g).to(DEV)[:, 8:]
+    w = (torch.rand(hidden, generator=g) + 0.5).to(DEV)
     assert x.stride(0) != hidden and r.stride(0) != x.stride(0) and wt.stride(0) != hidden
     got = ops.norm_matmul(x, w, wt, residual=r, impl=impl)
     want = ops.norm_matmul(x.contiguous(), w, wt.contiguous(), residual=r.contiguous(), impl=impl)

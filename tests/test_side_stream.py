@@ -86,6 +86,31 @@ def test_a_captured_graph_keeps_the_fork_and_the_join(order):
     assert bool((b == want).all()), f"{order}: the replay lost the ordering of the two streams"
 
 
+@pytest.mark.cuda
+def test_a_join_with_nothing_forked_adds_nothing_to_a_capture():
+    """A join with nothing forked since the last one (an MTP draft of one step forks nothing) waits
+    for nothing: inside a capture a wait on the side stream's work from before it would invalidate
+    the capture. The side stream worked before the capture, then the capture joins twice."""
+    side = SideStream("cuda")
+    a = torch.zeros(1 << 10, device="cuda")
+    with side.fork():
+        a.add_(1.0)
+    side.join()
+    assert not side.forked
+    capture_stream = torch.cuda.Stream()
+    capture_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture_stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture_stream):
+            side.join()
+            a.add_(2.0)
+            side.join()
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert bool((a == 3.0).all())
+
+
 class SlowContextHead:
     """An MTP head whose context K/V write starts after a long device sleep on the stream it is
     queued on (the cycle's side stream): the steps must still read the written layers."""
@@ -103,10 +128,12 @@ class SlowContextHead:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "captured"])
-def test_mtp_steps_wait_for_slow_context_writes(cuda_graph):
+@pytest.mark.parametrize("num_steps", [3, 1])
+def test_mtp_steps_wait_for_slow_context_writes(cuda_graph, num_steps):
     """MTP's heads 1.. write their context K/V on the side stream beside head 0's forward; step i
     reads head i's layer after the join. Made slow, the writes change no cycle of the trace (its
-    drafts included): the steps waited for them, eagerly and in the captured graph."""
+    drafts included): the steps waited for them, eagerly and in the captured graph. With one step
+    there is no context write and nothing to join (the captured cycle must still capture)."""
     import dataclasses
 
     import specverify
@@ -115,7 +142,7 @@ def test_mtp_steps_wait_for_slow_context_writes(cuda_graph):
 
     models = specverify.build_models("tiny", device="cuda", compute_dtype="float32", logits_dtype="float32")
     prompts, budgets = ragged_prompts(53, 3, models.config.vocab_size, max_len=9), [9, 12, 10]
-    spec = SpecConfig(algorithm="mtp", num_steps=3, cuda_graph=cuda_graph)
+    spec = SpecConfig(algorithm="mtp", num_steps=num_steps, cuda_graph=cuda_graph)
     want = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets, trace=True)
     slow = dataclasses.replace(models, mtp=[models.mtp[0]] + [SlowContextHead(h) for h in models.mtp[1:]])
     got = specverify.generate(slow, prompts, spec=spec, max_new_tokens=budgets, trace=True)

@@ -26,6 +26,7 @@ class SideStream:
     def __init__(self, device):
         device = torch.device(device)
         self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+        self.forked = False          # work forked since the last join (host state: no device read)
 
     @contextlib.contextmanager
     def fork(self):
@@ -34,10 +35,14 @@ class SideStream:
             yield
             return
         self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        self.forked = True
         with torch.cuda.stream(self.stream):
             yield
 
     def join(self) -> None:
-        """The current stream's next work waits for everything forked so far."""
-        if self.stream is not None:
+        """The current stream's next work waits for everything forked since the last join; with
+        nothing forked, nothing (inside a capture, a wait on the side stream's work from before
+        the capture would invalidate it)."""
+        if self.stream is not None and self.forked:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+            self.forked = False
