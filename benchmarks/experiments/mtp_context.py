@@ -32,9 +32,8 @@ from bench_device_cycle import make_prompts, precapture  # noqa: E402
 from kernel_sequence import CASES, make  # noqa: E402
 from specverify.engine.block_drafts import MtpCycle  # noqa: E402
 from specverify.kernels.fused_layers import embed_concat_impl  # noqa: E402
-from specverify.models import Batch, build_models  # noqa: E402
+from specverify.models import build_models  # noqa: E402
 from specverify.models import layers  # noqa: E402
-from specverify.models.layers import lone_query_mask  # noqa: E402
 from tests.support.steering import steered_models  # noqa: E402
 
 BASE_DRAFT = MtpCycle.draft
@@ -69,7 +68,6 @@ def _context_writes(cycle, batch, feats, shared: bool):
 def variant(shared: bool, overlap: bool):
     def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, finished) -> None:
         heads = self.models.mtp
-        bs = tokens.shape[0]
         plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
         side = None
         if overlap:
@@ -83,16 +81,7 @@ def variant(shared: bool, overlap: bool):
             _context_writes(self, batch, feats, shared)
         else:
             torch.cuda.current_stream().wait_stream(side)
-        kept = self.state.kept_tokens
-        token = self._top1(root.logits[:, 0], root.scale[:, 0], (kept[:, 0], rows))
-        hidden = root.hidden
-        sees_itself, no_parent = lone_query_mask(bs, 1, tokens.device)
-        for step in range(1, self.S):
-            batch = Batch(token, plan.ahead[:, step - 1:step], rows, plan.root, plan.live, sees_itself, no_parent, 0,
-                          req_ids=req_ids)
-            out = heads[step].forward(self.cache, batch, hidden)
-            token = self._top1(out.logits[:, 0], out.scale[:, 0], (kept[:, step], rows))
-            hidden = out.hidden
+        self.steps(rows, root.logits[:, 0], root.scale[:, 0], root.hidden, plan, req_ids)
     return draft
 
 

@@ -41,7 +41,6 @@ class MtpCycle(EagleCycle):
 
     def draft(self, rows, tokens, q_lens, feats, kv_lens, req_ids, finished) -> None:
         heads = self.models.mtp
-        bs = tokens.shape[0]
         plan, batch = self._extend(rows, tokens, q_lens, kv_lens, req_ids, finished)
         # The other heads' context, K/V only, with one embedding concat and plan for all of them: on
         # a GPU beside head 0's forward (nothing reads their layers before step 1).
@@ -52,10 +51,15 @@ class MtpCycle(EagleCycle):
                     heads[j].write_kv(self.cache, batch, feats, context=context)
         root = heads[0].forward(self.cache, batch, feats, at=plan.last)   # head 0 drafts d_1 from the root's row
         self.beside.join()
-        kept = self.state.kept_tokens
-        token = self._top1(root.logits[:, 0], root.scale[:, 0], (kept[:, 0], rows))   # [bs, 1] d_1, kept in its row
-        hidden = root.hidden                                                # [bs, 1, H] the row that produced d_1
-        sees_itself, no_parent = lone_query_mask(bs, 1, tokens.device)
+        # d_1 from the root's row; the row that produced it feeds step 1.
+        self.steps(rows, root.logits[:, 0], root.scale[:, 0], root.hidden, plan, req_ids)
+
+    def steps(self, rows, logits, scale, hidden, plan, req_ids) -> None:
+        """d_1 from head 0's root-row logits [bs, V] (scale [bs, 1]), then steps 1..S-1, each token
+        kept in its state row's column. hidden [bs, 1, H]: the row that produced d_1."""
+        heads, kept = self.models.mtp, self.state.kept_tokens
+        token = self._top1(logits, scale, (kept[:, 0], rows))               # [bs, 1] d_1, kept in its row
+        sees_itself, no_parent = lone_query_mask(rows.shape[0], 1, rows.device)
         for step in range(1, self.S):
             # Head `step` runs d_step at position n + step, written at draft index n of its layer.
             batch = Batch(token, plan.ahead[:, step - 1:step], rows, plan.root, plan.live, sees_itself, no_parent, 0,
