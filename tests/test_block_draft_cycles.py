@@ -215,6 +215,22 @@ def test_mtp_step_i_runs_head_i():
     assert any(c[2] != b[2] for c, b in zip(second, base)), "replacing head 1 left every second draft unchanged"
 
 
+def test_mtp_one_step_runs_head_0_alone():
+    """num_steps = 1: the cycle drafts d_1 by head 0 and no other head runs (no shared context, no
+    context writes): a draft of head 0 alone decodes as the three heads do, and its traces equal
+    the reference's at spec_num_steps=1."""
+    models = cached_models(compute_dtype="float64")
+    spec = SpecConfig(algorithm="mtp", num_steps=1)
+    prompts, budgets = PROMPTS[:2], [4, 4]
+    alone = specverify.generate(dataclasses.replace(models, mtp=models.mtp[:1]), prompts, spec=spec,
+                                max_new_tokens=budgets, trace=True)
+    every = specverify.generate(models, prompts, spec=spec, max_new_tokens=budgets, trace=True)
+    assert alone.tokens == every.tokens and alone.trace == every.trace
+    ref = reference.eagle.generate(models, prompts, spec_num_steps=1, algorithm="mtp", max_new_tokens=budgets)
+    stats, _ = compare_traces(alone, ref, prompts, budgets, "mtp S1")
+    assert not stats["skipped"] and stats["cycles_compared"] >= 4, stats
+
+
 # -- DFlash's greedy verify is the block op --------------------------------------------------------
 
 def test_dflash_greedy_verify_runs_the_block_op(monkeypatch):

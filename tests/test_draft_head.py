@@ -116,10 +116,13 @@ def test_write_kv_writes_the_forwards_kv_and_nothing_else(compute_dtype, head, s
     assert_write_kv_writes_the_forwards_kv(models, draft, seed, dev, shared_with=other)
 
 
-def test_write_kv_refuses_a_context_of_another_embedding_or_rotary_table():
+@pytest.mark.parametrize("maker", ["dflash", "rope_theta", "max_context", "head_dim", "another_target"])
+def test_write_kv_refuses_a_context_of_another_embedding_or_rotary_table(maker):
     """A shared context is the concat of one embedding and the plan of one rotary table: a head
-    given one made by the DFlash head (its embedding has the mask row) or by a head of another
-    RoPE base refuses it, naming the argument."""
+    given one made by the DFlash head (its embedding has the mask row), by a head of another RoPE
+    table (each field of the key: base, length, head size) or by a head on another target's
+    embedding of the same shape refuses it, naming the argument."""
+    from specverify.models.weights import draft_weights
     models = build_models("tiny", seed=3, compute_dtype="float32", device="cpu")
     cfg = models.config
     cache = models.target.new_cache(max_requests=1, draft_layers=len(models.mtp))
@@ -127,12 +130,65 @@ def test_write_kv_refuses_a_context_of_another_embedding_or_rotary_table():
     cache.table.reserve(row, 4)
     batch = draft_batch([row], [0], torch.tensor([[1, 2, 3]]))
     feats = torch.ones((1, 3, cfg.hidden_size))
-    other_base = type(models.mtp[0])(dataclasses.replace(cfg, rope_theta=cfg.rope_theta * 2), models.mtp_weights[0],
-                                     models.target.w, dtype=torch.float32)
-    for maker in (models.dflash, other_base):
-        context = maker.context_input(cache, batch, feats)
-        with pytest.raises(ValueError, match="context: made by a head with another embedding or rotary table"):
-            models.mtp[1].write_kv(cache, batch, feats, context=context)
+    head = type(models.mtp[0])
+
+    def other(**changes):
+        c = dataclasses.replace(cfg, **changes)
+        w = draft_weights(c, 3) if "head_dim" in changes else models.mtp_weights[0]
+        return head(c, w, models.target.w, dtype=torch.float32)
+
+    makers = {"dflash": lambda: models.dflash,
+              "rope_theta": lambda: other(rope_theta=cfg.rope_theta * 2),
+              "max_context": lambda: other(max_context=cfg.max_context // 2),
+              "head_dim": lambda: other(head_dim=cfg.head_dim // 2),
+              "another_target": lambda: head(cfg, models.mtp_weights[0],
+                                             build_models("tiny", seed=4, compute_dtype="float32").target.w,
+                                             dtype=torch.float32)}
+    made_by = makers[maker]()
+    assert made_by.embed.shape == models.mtp[1].embed.shape or maker == "dflash"
+    context = made_by.context_input(cache, batch, feats)
+    with pytest.raises(ValueError, match="context: made by a head with another embedding or rotary table"):
+        models.mtp[1].write_kv(cache, batch, feats, context=context)
+
+
+def test_write_kv_refuses_a_context_of_another_batch_shape():
+    """A context made for 3 new tokens a request, given with a batch of 2: refused by name (its
+    rows would be written at the other batch's slots)."""
+    models = build_models("tiny", seed=3, compute_dtype="float32", device="cpu")
+    cfg = models.config
+    cache = models.target.new_cache(max_requests=1, draft_layers=len(models.mtp))
+    row = cache.table.alloc_row()
+    cache.table.reserve(row, 4)
+    three = draft_batch([row], [0], torch.tensor([[1, 2, 3]]))
+    two = draft_batch([row], [0], torch.tensor([[1, 2]]))
+    context = models.mtp[1].context_input(cache, three, torch.ones((1, 3, cfg.hidden_size)))
+    with pytest.raises(ValueError, match=r"context: made for \(1, 3\) new tokens \(bs, q\), this batch has \(1, 2\)"):
+        models.mtp[2].write_kv(cache, two, torch.ones((1, 2, cfg.hidden_size)), context=context)
+
+
+def test_write_kv_given_a_context_makes_no_concat_or_plan(monkeypatch):
+    """What a shared context saves: `write_kv(context=...)` runs no embedding concat and no
+    attention plan of its own (MTP's heads 1.. make one of each between them), and a default
+    `write_kv` makes one of each."""
+    from specverify.models import draft as draft_module
+    from specverify.models import layers as layers_module
+    models = build_models("tiny", seed=3, compute_dtype="float32", device="cpu")
+    cfg = models.config
+    cache = models.target.new_cache(max_requests=1, draft_layers=len(models.mtp))
+    row = cache.table.alloc_row()
+    cache.table.reserve(row, 4)
+    batch = draft_batch([row], [0], torch.tensor([[1, 2, 3]]))
+    feats = torch.ones((1, 3, cfg.hidden_size))
+    context = models.mtp[1].context_input(cache, batch, feats)
+    calls = []
+    for module, name in ((draft_module, "embed_concat_impl"), (layers_module, "plan_attention")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    for head in models.mtp[1:]:
+        head.write_kv(cache, batch, feats, context=context)
+    assert calls == [], f"write_kv given a context made its own: {calls}"
+    models.mtp[1].write_kv(cache, batch, feats)
+    assert sorted(calls) == ["embed_concat_impl", "plan_attention"]
 
 
 def steered_logits(agreement, logits_dtype, n=512, seed=0):

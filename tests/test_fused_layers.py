@@ -49,9 +49,9 @@ def test_write_kv_on_the_fused_path_writes_the_forwards_kv(fused_on_cpu, compute
     writes the K/V the head's whole fused forward writes, bit for bit, and nothing else
     (tests/test_draft_head.py runs the torch path)."""
     models = specverify.build_models("tiny", seed=seed % 1000, compute_dtype=compute_dtype, device=FUSED_DEVICE)
-    draft = models.draft if head == "draft" else models.mtp[1]
+    draft, other = (models.draft, models.mtp[0]) if head == "draft" else (models.mtp[1], models.mtp[2])
     assert "layer.w_gate_up" in draft.w, "the head must be built on the fused path"
-    assert_write_kv_writes_the_forwards_kv(models, draft, seed, FUSED_DEVICE)
+    assert_write_kv_writes_the_forwards_kv(models, draft, seed, FUSED_DEVICE, shared_with=other)
 
 
 @pytest.mark.kernels

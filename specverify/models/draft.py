@@ -98,12 +98,15 @@ class DraftHead:
         draft-extend that needs nothing but a head's context (an MTP head past the first) calls
         this, and runs no attention, MLP or lm_head. context: `context_input` of this batch and
         features, made once by any head with this head's embedding and rotary table (MTP's heads
-        1.. share one); ValueError for another head's."""
+        1.. share one); ValueError for another head's, or for another shape of batch."""
         cfg = self.config
         if context is None:
             context = self.context_input(cache, batch, features)
         elif context.embed is not self.embed or context.rotary != self._rotary_key():
             raise ValueError("context: made by a head with another embedding or rotary table than this head's")
+        elif context.concat.shape[:2] != batch.input_ids.shape:
+            raise ValueError(f"context: made for {tuple(context.concat.shape[:2])} new tokens (bs, q), this batch has "
+                             f"{tuple(batch.input_ids.shape)}")
         x, qkv = self._projections(context.concat)          # x: the residual stream, unused here
         k_cache, v_cache = cache.draft_kv.k[self.kv_layer], cache.draft_kv.v[self.kv_layer]
         layers.write_kv(x, self.w, "layer", k_cache, v_cache, context.plan, num_heads=cfg.num_heads,
