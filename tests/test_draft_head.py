@@ -116,6 +116,18 @@ def test_write_kv_writes_the_forwards_kv_and_nothing_else(compute_dtype, head, s
     assert_write_kv_writes_the_forwards_kv(models, draft, seed, dev, shared_with=other)
 
 
+def one_request_of_three_tokens():
+    """(tiny float32 models on the CPU, a cache with a draft layer for every MTP head, a draft batch
+    of one request's 3 new tokens at position 0, their features [1, 3, H]): a shared context's
+    test case."""
+    models = build_models("tiny", seed=3, compute_dtype="float32", device="cpu")
+    cache = models.target.new_cache(max_requests=1, draft_layers=len(models.mtp))
+    row = cache.table.alloc_row()
+    cache.table.reserve(row, 4)
+    batch = draft_batch([row], [0], torch.tensor([[1, 2, 3]]))
+    return models, cache, batch, torch.ones((1, 3, models.config.hidden_size))
+
+
 @pytest.mark.parametrize("maker", ["dflash", "rope_theta", "max_context", "head_dim", "another_target"])
 def test_write_kv_refuses_a_context_of_another_embedding_or_rotary_table(maker):
     """A shared context is the concat of one embedding and the plan of one rotary table: a head
@@ -123,13 +135,8 @@ def test_write_kv_refuses_a_context_of_another_embedding_or_rotary_table(maker):
     table (each field of the key: base, length, head size) or by a head on another target's
     embedding of the same shape refuses it, naming the argument."""
     from specverify.models.weights import draft_weights
-    models = build_models("tiny", seed=3, compute_dtype="float32", device="cpu")
+    models, cache, batch, feats = one_request_of_three_tokens()
     cfg = models.config
-    cache = models.target.new_cache(max_requests=1, draft_layers=len(models.mtp))
-    row = cache.table.alloc_row()
-    cache.table.reserve(row, 4)
-    batch = draft_batch([row], [0], torch.tensor([[1, 2, 3]]))
-    feats = torch.ones((1, 3, cfg.hidden_size))
     head = type(models.mtp[0])
 
     def other(**changes):
@@ -154,16 +161,11 @@ def test_write_kv_refuses_a_context_of_another_embedding_or_rotary_table(maker):
 def test_write_kv_refuses_a_context_of_another_batch_shape():
     """A context made for 3 new tokens a request, given with a batch of 2: refused by name (its
     rows would be written at the other batch's slots)."""
-    models = build_models("tiny", seed=3, compute_dtype="float32", device="cpu")
-    cfg = models.config
-    cache = models.target.new_cache(max_requests=1, draft_layers=len(models.mtp))
-    row = cache.table.alloc_row()
-    cache.table.reserve(row, 4)
-    three = draft_batch([row], [0], torch.tensor([[1, 2, 3]]))
-    two = draft_batch([row], [0], torch.tensor([[1, 2]]))
-    context = models.mtp[1].context_input(cache, three, torch.ones((1, 3, cfg.hidden_size)))
+    models, cache, three, feats = one_request_of_three_tokens()
+    two = draft_batch(three.rows.tolist(), [0], torch.tensor([[1, 2]]))
+    context = models.mtp[1].context_input(cache, three, feats)
     with pytest.raises(ValueError, match=r"context: made for \(1, 3\) new tokens \(bs, q\), this batch has \(1, 2\)"):
-        models.mtp[2].write_kv(cache, two, torch.ones((1, 2, cfg.hidden_size)), context=context)
+        models.mtp[2].write_kv(cache, two, feats[:, :2], context=context)
 
 
 def test_write_kv_given_a_context_makes_no_concat_or_plan(monkeypatch):
@@ -172,13 +174,7 @@ def test_write_kv_given_a_context_makes_no_concat_or_plan(monkeypatch):
     `write_kv` makes one of each."""
     from specverify.models import draft as draft_module
     from specverify.models import layers as layers_module
-    models = build_models("tiny", seed=3, compute_dtype="float32", device="cpu")
-    cfg = models.config
-    cache = models.target.new_cache(max_requests=1, draft_layers=len(models.mtp))
-    row = cache.table.alloc_row()
-    cache.table.reserve(row, 4)
-    batch = draft_batch([row], [0], torch.tensor([[1, 2, 3]]))
-    feats = torch.ones((1, 3, cfg.hidden_size))
+    models, cache, batch, feats = one_request_of_three_tokens()
     context = models.mtp[1].context_input(cache, batch, feats)
     calls = []
     for module, name in ((draft_module, "embed_concat_impl"), (layers_module, "plan_attention")):
