@@ -2,7 +2,8 @@
 
 Small preset (launch-bound, ~80 MB of bfloat16 weights) and medium preset (memory-bound, ~2.4 GB),
 bfloat16 compute and logits, greedy, every decoder captured (`cuda_graph=True`, bucket shapes),
-drafts steered to agreement 0.7 by tests/support/steering.py (the steering pre-run is untimed).
+drafts steered to agreement 0.7 by tests/support/steering.py (the steering pre-run is untimed; a run
+whose greedy tokens leave the pre-run's is made again, steered by its own: `run_on_path`).
 Each run is driven as in bench_device_cycle.py: capture every bucket first, 2 warm-up steps, 3
 sync-counting steps, then every step timed by CUDA events; ms / step = mean of the steps run at
 the full batch, tok/s = tokens emitted in the timed steps / their time.
@@ -39,7 +40,7 @@ from specverify.engine.spec_config import SpecConfig  # noqa: E402
 from specverify.ops import draft_token, draft_topk  # noqa: E402
 from specverify.platform import get_profile  # noqa: E402
 from tests.support.steering import steer_logits_fused, steering_plan  # noqa: E402
-from bench_device_cycle import make_prompts, release, run_spec, run_target, steered_for  # noqa: E402
+from bench_device_cycle import make_prompts, pre_run_oracle, release, run_on_path, run_target  # noqa: E402
 
 AGREEMENT = 0.7
 SMALL_SPECS = {"EAGLE S3 k1": SpecConfig(num_steps=3, topk=1),
@@ -195,11 +196,11 @@ def measure(preset: str, specs: dict, plan: dict, args) -> dict:
     build_s = time.perf_counter() - t0
     top = max(b for sizes in plan.values() for b in sizes)
     prompts = make_prompts(top, models.config.vocab_size, args.seed)
-    steered, oracle_ms = steered_for(models, prompts, list(specs.values()), args, "cuda")
+    oracle, oracle_ms = pre_run_oracle(models, prompts, list(specs.values()), args, "cuda")
     out = {"build_s": build_s, "oracle_ms": oracle_ms, "config": models.config, "floors": floors(models),
            "forwards": {(name, bs): forward_floors(models, spec, bs) for name, spec in specs.items()
                         if spec.algorithm in FLOOR_ALGORITHMS for bs in plan[name]}}
-    runs = {}
+    runs, oracles = {}, {}     # oracles: each speculative run's own, found by its first repeat (run_on_path)
     for rep in range(args.repeat):            # every decoder in turn, then again: drift meets them all
         for name, sizes in plan.items():
             for bs in sizes:
@@ -207,15 +208,17 @@ def measure(preset: str, specs: dict, plan: dict, args) -> dict:
                 if name == "target":
                     r = run_target(models, prompts[:bs], args, "cuda")
                 else:
-                    r = run_spec(steered, prompts[:bs], specs[name], True, args, "cuda")
+                    r, oracles[name, bs] = run_on_path(models, oracles.get((name, bs), oracle), prompts[:bs],
+                                                       specs[name], args, "cuda")
                 runs.setdefault((name, bs), []).append(r)
                 print(f"{preset} repeat {rep} {name} bs {bs}: {r.get('cycle_ms')} ms/step, {r.get('tok_s')} tok/s, "
-                      f"accept {r.get('mean_accept')} {r.get('error', '')} ({time.perf_counter() - t0:.1f} s)",
+                      f"accept {r.get('mean_accept')}, steered runs {steered_runs(r)} {r.get('error', '')} "
+                      f"({time.perf_counter() - t0:.1f} s)",
                       flush=True)
     for key, rs in runs.items():
         out[key] = median_run(rs)
     out["repeats"] = runs
-    del models, steered
+    del models
     release("cuda")
     return out
 
@@ -352,12 +355,21 @@ def detail_rows(res: dict, preset: str) -> list:
             continue
         name, bs = key
         if "error" in r:
-            rows.append([preset, name, bs, "-", "-", "-", "-", "-", r["error"][:80]])
+            rows.append([preset, name, bs, "-", "-", "-", "-", "-", r["error"][:80], "-"])
             continue
         rows.append([preset, name, bs, r["full"], _f(r["cycle_ms"], "{:.3f}"), _f(r["tok_s"], "{:.0f}"),
                      _f(r.get("full_tok_s"), "{:.0f}"),
-                     _f(r.get("mean_accept")), _f(r["syncs"]["readbacks"] / max(r["syncs"]["cycles"], 1))])
+                     _f(r.get("mean_accept")), _f(r["syncs"]["readbacks"] / max(r["syncs"]["cycles"], 1)),
+                     steered_runs(r)])
     return rows
+
+
+def steered_runs(r: dict) -> str:
+    """How many runs it took to steer by the run's own tokens: "-" for target-only, a count, and
+    "off the oracle" if even the last run left it."""
+    if "oracle_runs" not in r:
+        return "-"
+    return str(r["oracle_runs"]) + ("" if r["on_oracle"] else ", off the oracle")
 
 
 def parse_args(argv=None):
@@ -393,14 +405,16 @@ def main(argv=None) -> int:
                     f"every decoder captured (`cuda_graph=True`, `pad_batches=True`)",
         "Draft": f"steered to agreement {AGREEMENT} (tests/support/steering.py; its target-only pre-run is set-up, "
                  f"untimed: small {small['oracle_ms']:.0f} ms" + ("" if medium is None else
-                                                                 f", medium {medium['oracle_ms']:.0f} ms") + ")",
+                                                                 f", medium {medium['oracle_ms']:.0f} ms") + "). "
+                 "A run whose tokens leave that oracle is made again, steered by its own tokens, until a run "
+                 "emits its oracle (bench_device_cycle.run_on_path; \"steered runs\" below)",
         "Timing": step_timing(args),
         "HBM peak": f"{_f(peak, '{:.2f}')} TB/s ({peak_src})",
     })
     lines += ["## The aims", ""] + table(["figure", "now", "aim", "met"], rows)
     lines += ["", "## Every run", ""]
     lines += table(["preset", "decoder", "bs", "full-batch steps", "ms / step", "tok/s", "full-batch tok/s",
-                    "mean accept", "readbacks / step"], detail_rows(small, "small") + ([] if medium is None else
+                    "mean accept", "readbacks / step", "steered runs"], detail_rows(small, "small") + ([] if medium is None else
                                                                          detail_rows(medium, "medium")))
     if args.repeat > 1:
         lines += ["", f"## Every repeat ({args.repeat} of each decoder, in turn)", ""]

@@ -70,26 +70,32 @@ def token_study(hybrid: bool, dtype: str, args) -> list[list[object]]:
     return rows
 
 
-def gemm_study() -> list[list[object]]:
+def weight_rows(target, model: str, batches=GEMM_BATCHES) -> list[list[object]]:
+    """Each distinct weight of `target` times 64 random rows at once against its first bs rows
+    alone, for bs in `batches`: [model, weight, shape, "bit-equal" or how many differ, ...]."""
     gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, seen = [], set()
+    for name, w in target.w.items():
+        kind = name.split(".")[-1]
+        if w.dim() != 2 or kind in ("embed", "conv") or (kind, tuple(w.shape)) in seen:
+            continue   # the embedding is a lookup, the conv taps an elementwise product
+        seen.add((kind, tuple(w.shape)))
+        x = torch.randn(64, 1, w.shape[0], device="cuda", dtype=w.dtype, generator=gen)
+        whole = x @ w
+        cells = []
+        for bs in batches:
+            diff = int((x[:bs] @ w != whole[:bs]).sum())
+            cells.append("bit-equal" if diff == 0 else f"**{diff} differ**")
+        rows.append([model, name, f"{w.shape[0]} x {w.shape[1]}"] + cells)
+    return rows
+
+
+def gemm_study() -> list[list[object]]:
     rows = []
     for hybrid in (True, False):
         target = specverify.build_models("small", seed=0, hybrid=hybrid, compute_dtype="bfloat16",
                                          logits_dtype="bfloat16", device="cuda").target
-        seen = set()
-        for name, w in target.w.items():
-            kind = name.split(".")[-1]
-            if w.dim() != 2 or kind in ("embed", "conv") or (kind, tuple(w.shape)) in seen:
-                continue   # the embedding is a lookup, the conv taps an elementwise product
-            seen.add((kind, tuple(w.shape)))
-            x = torch.randn(64, 1, w.shape[0], device="cuda", dtype=w.dtype, generator=gen)
-            whole = x @ w
-            cells = []
-            for bs in GEMM_BATCHES:
-                part = x[:bs] @ w
-                diff = int((part != whole[:bs]).sum())
-                cells.append("bit-equal" if diff == 0 else f"**{diff} differ**")
-            rows.append(["hybrid" if hybrid else "plain", name, f"{w.shape[0]} x {w.shape[1]}"] + cells)
+        rows += weight_rows(target, "hybrid" if hybrid else "plain")
     return rows
 
 
