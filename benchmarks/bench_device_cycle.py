@@ -65,7 +65,8 @@ from specverify.engine.speculative import SpecDecoder  # noqa: E402
 from specverify.engine.target_only import TargetOnlyDecoder  # noqa: E402
 from specverify.kernels.attention import paged_attention_impl  # noqa: E402
 from specverify.kernels.cuda_graph import bucket_for  # noqa: E402
-from tests.support.steering import lookahead, oracle_sequences, steered_models  # noqa: E402
+from tests.support.steering import (follows_oracle, lookahead, oracle_of_outputs, oracle_sequences,  # noqa: E402
+                                    steered_models)
 
 SPECS = (("S3 k1 D4", SpecConfig(num_steps=3, topk=1)),
          ("S3 k4 D8", SpecConfig(num_steps=3, topk=4, num_draft_tokens=8)))
@@ -229,29 +230,14 @@ def pre_run_oracle(models, prompts, specs, args, device: str) -> tuple[torch.Ten
     return oracle, (time.perf_counter() - t0) * 1e3
 
 
-def with_run_tokens(oracle: torch.Tensor, prompts, tokens) -> torch.Tensor:
-    """`oracle` with row r (r < len(tokens)) replaced by prompt r + the run's tokens, -1 beyond."""
-    out = oracle.clone()
-    for r, (p, toks) in enumerate(zip(prompts, tokens)):
-        seq = torch.tensor(list(p) + list(toks), dtype=torch.int64)
-        out[r] = -1
-        out[r, :len(seq)] = seq
-    return out
-
-
-def on_oracle(oracle: torch.Tensor, prompts, tokens) -> bool:
-    """Whether every request's emitted tokens are its oracle row's continuation."""
-    return all(oracle[r, len(p):len(p) + len(toks)].tolist() == list(toks)
-               for r, (p, toks) in enumerate(zip(prompts, tokens)))
-
-
 def run_on_path(models, oracle: torch.Tensor, prompts, spec: SpecConfig, args, device: str,
                 tries: int = 3) -> tuple[dict, torch.Tensor]:
     """(`run_spec`'s result with every draft steered to args.agreement, the oracle that run used).
 
     The pre-run decodes all prompts in one batch; a run verifies S + 1 rows a request at its own
-    batch. Where the target's matmuls round with their row count (cuBLAS picks its kernel by M:
-    on an H200 the medium preset's bfloat16 greedy tokens move, on the H100s they do not), a run
+    batch. Where the target's matmuls round with their row count (cuBLAS picks its kernel by M: on
+    an H200 the medium preset's down projection, K 5632, rounds otherwise at M 1, 4 and 8 than at
+    64; results/oracle_drift-medium-nvidia-h200.md; on the H100s nothing moves), a run
     leaves the oracle early and its drafts are then never steered (accept ~1, a figure of the
     oracle, not of the engine). Then the oracle's rows become that run's own tokens (the target's
     greedy continuation as this decoder computes it) and the run is made again, until a run emits
@@ -264,10 +250,10 @@ def run_on_path(models, oracle: torch.Tensor, prompts, spec: SpecConfig, args, d
         del steered
         if "error" in res:
             return res, oracle
-        res.update(oracle_runs=n, on_oracle=on_oracle(oracle, prompts, res["tokens"]))
+        res.update(oracle_runs=n, on_oracle=follows_oracle(oracle, prompts, res["tokens"]))
         if res["on_oracle"]:
             break
-        oracle = with_run_tokens(oracle, prompts, res["tokens"])
+        oracle = oracle_of_outputs(oracle, prompts, res["tokens"])
     return res, oracle
 
 

@@ -13,8 +13,9 @@ from specverify.models import Batch, chain_mask
 from specverify.models.kv_cache import SINK_SLOT
 from tests.support.asserts import assert_close
 from tests.support.cases import cached_models
-from tests.support.steering import (PEAK_MARGIN, STEER_BLOCK, SteeredDraft, agreement_draw, steer_logits,
-                                    steer_logits_fused, steering_plan)
+from tests.support.steering import (PEAK_MARGIN, STEER_BLOCK, SteeredDraft, agreement_draw, follows_oracle, lookahead,
+                                    oracle_of_outputs, oracle_sequences, steer_logits, steer_logits_fused,
+                                    steered_models, steering_plan)
 
 pytestmark = pytest.mark.bitexact
 
@@ -504,6 +505,50 @@ def test_forward_at_one_lane_per_request_returns_that_lanes_rows(logits_dtype, s
     for bad in (at.int(), at[:2], at[:, None]):
         with pytest.raises(ValueError, match=r"at must be an int64 \[3\] tensor"):
             run(models.draft, bad)
+
+
+def test_a_run_that_left_its_oracle_is_steered_by_its_own_tokens():
+    """The benchmarks' remedy for a pre-run whose greedy tokens a run does not reproduce (a target
+    that rounds with its row count; bench_device_cycle.run_on_path). Here the pre-run is made to
+    leave at each request's second new token: a run steered by it leaves it there and its drafts go
+    unsteered. Steered by the run's own tokens (`oracle_of_outputs`) the same run stays on its
+    oracle and accepts as a run steered by the true pre-run does, cycle for cycle."""
+    import specverify
+    models = cached_models()
+    cfg, spec, new = models.config, specverify.SpecConfig(num_steps=3, topk=1), 12
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in (5, 9, 3)]
+    true = oracle_sequences(models, prompts, lookahead(models, prompts, new, spec))
+    drifted = true.clone()
+    for r, p in enumerate(prompts):             # from the second new token on, another continuation
+        tail = true[r, len(p) + 1:]
+        drifted[r, len(p) + 1:] = torch.where(tail >= 0, (tail + 1) % cfg.vocab_size, tail)
+
+    def run(oracle):
+        steered = steered_models(models, prompts, new, agreement=0.7, spec=spec, oracle=oracle)
+        out = specverify.generate(steered, prompts, max_new_tokens=new, spec=spec)
+        return out.tokens, out.accept_lengths
+
+    tokens, lost = run(drifted)
+    want_tokens, want_accept = run(true)
+    assert tokens == want_tokens, "steering moves no token (lossless)"
+    assert follows_oracle(true, prompts, tokens) and not follows_oracle(drifted, prompts, tokens)
+    assert sum(map(sum, want_accept)) / sum(map(len, want_accept)) > 1.5 > \
+        sum(map(sum, lost)) / sum(map(len, lost)), "the drifted oracle leaves its drafts unsteered"
+    own = oracle_of_outputs(drifted, prompts, tokens)
+    for r, (p, t) in enumerate(zip(prompts, tokens)):
+        assert own[r, :len(p) + len(t)].tolist() == list(p) + list(t), f"row {r}: prompt + output"
+        assert (own[r, len(p) + len(t):] == -1).all(), f"row {r}: -1 past the output"
+    assert torch.equal(own, oracle_of_outputs(true, prompts, tokens)), "whatever the rows held before"
+    again, accept = run(own)
+    assert again == tokens and follows_oracle(own, prompts, again)
+    assert accept == want_accept, "steered by its own tokens the run accepts as under the true pre-run"
+    # Only the rows of the outputs change.
+    assert torch.equal(oracle_of_outputs(true, prompts, tokens[:1])[1:], true[1:])
+    with pytest.raises(ValueError, match=r"outputs: 4 of them, for an oracle of 3 rows"):
+        oracle_of_outputs(true, prompts + [[1]], tokens + [[2]])
+    with pytest.raises(ValueError, match=r"outputs\[0\]: prompt \+ output is .* tokens, the oracle holds at most"):
+        oracle_of_outputs(true, prompts, [[0] * cfg.max_context] + tokens[1:])
 
 
 def test_steering_rejects_bad_arguments():

@@ -314,7 +314,9 @@ def oracle_sequences(models, prompts: Sequence[Sequence[int]], budgets: Sequence
 
     ctx = models.config.max_context
     oracle = torch.full((len(prompts), ctx + 1), -1, dtype=torch.int64)
-    # Greedy decoding of a request does not depend on its batch: run each distinct one once.
+    # Run each distinct request once, all in one batch. Its greedy tokens are a run's where the
+    # target's matmuls round alike at every row count: true of every CPU path here and of the
+    # H100s, not of cuBLAS on an H200 at the medium preset (`oracle_of_outputs`).
     jobs = sorted({(tuple(int(t) for t in p), int(n)) for p, n in zip(prompts, budgets) if n >= 1})
     done = {}
     if jobs:
@@ -325,6 +327,36 @@ def oracle_sequences(models, prompts: Sequence[Sequence[int]], budgets: Sequence
         seq = torch.tensor(list(p) + done.get((p, int(n)), []), dtype=torch.int64)
         oracle[i, :len(seq)] = seq
     return oracle
+
+
+def oracle_of_outputs(oracle: torch.Tensor, prompts: Sequence[Sequence[int]],
+                      outputs: Sequence[Sequence[int]]) -> torch.Tensor:
+    """`oracle` with row r, for each r < len(outputs), replaced by prompt r + output r and -1
+    beyond: the oracle of a run's own greedy tokens.
+
+    A run leaves its pre-run's oracle where its target rounds otherwise than the pre-run's
+    (another row count: bench_device_cycle.run_on_path); its drafts are then never steered again.
+    Steered by this oracle, the same run stays on it. A new tensor; ValueError when there are
+    more outputs than rows, or when a prompt and its output do not fit before the last column."""
+    if len(outputs) > oracle.shape[0] or len(prompts) < len(outputs):
+        raise ValueError(f"outputs: {len(outputs)} of them, for an oracle of {oracle.shape[0]} rows and "
+                         f"{len(prompts)} prompts")
+    out = oracle.clone()
+    for r, (p, toks) in enumerate(zip(prompts, outputs)):
+        seq = [int(t) for t in p] + [int(t) for t in toks]
+        if len(seq) >= oracle.shape[1]:
+            raise ValueError(f"outputs[{r}]: prompt + output is {len(seq)} tokens, the oracle holds at most "
+                             f"{oracle.shape[1] - 1} before its last column")
+        out[r] = -1
+        out[r, :len(seq)] = torch.tensor(seq, dtype=torch.int64)
+    return out
+
+
+def follows_oracle(oracle: torch.Tensor, prompts: Sequence[Sequence[int]],
+                   outputs: Sequence[Sequence[int]]) -> bool:
+    """Whether every output r is exactly its oracle row's continuation of prompt r."""
+    return all(oracle[r, len(p):len(p) + len(toks)].tolist() == [int(t) for t in toks]
+               for r, (p, toks) in enumerate(zip(prompts, outputs)))
 
 
 def steered_models(models, prompts, max_new_tokens, *, agreement: float, spec, seed: int | None = None,
