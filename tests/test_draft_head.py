@@ -150,7 +150,7 @@ def test_write_kv_refuses_a_context_of_another_embedding_or_rotary_table(maker):
               "max_context": lambda: other(max_context=cfg.max_context // 2),
               "head_dim": lambda: other(head_dim=cfg.head_dim // 2),
               "another_target": lambda: head(cfg, models.mtp_weights[0],
-                                             build_models("tiny", seed=4, compute_dtype="float32").target.w,
+                                             build_models("tiny", seed=4, compute_dtype="float32", device="cpu").target.w,
                                              dtype=torch.float32)}
     made_by = makers[maker]()
     assert made_by.embed.shape == models.mtp[1].embed.shape or maker == "dflash"
