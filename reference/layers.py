@@ -92,12 +92,14 @@ def _dot(a, b) -> float:
 
 
 def norm_matmul(*, x, norm_weight, weight_t, residual=None, eps=1e-6,
-                round_to=None) -> tuple[np.ndarray, np.ndarray]:
+                round_to=None, gated=False) -> tuple[np.ndarray, np.ndarray]:
     """-> (out [..., N], sum [..., H]), float64 arrays, for x [..., H], weight_t [N, H] (W^T).
     Array-likes in; values read as float64. round_to: the format the op rounds to (x's dtype:
     "float32", "float16", "bfloat16"; None or "float64" for none): the sum x + residual is rounded
     to it, add_rmsnorm normalizes that sum, and its result is rounded to it before the product;
-    out itself is left in float64 (the op's one rounding of out is the comparison's tolerance)."""
+    out itself is left in float64 (the op's one rounding of out is the comparison's tolerance).
+    gated: weight_t's rows are a gate's N/2 then an up's N/2; out [..., N/2] is silu_mul of the
+    product, the product rounded to round_to first."""
     x = np.asarray(x, dtype=np.float64)
     s = x if residual is None else x + np.asarray(residual, dtype=np.float64)
     s = round_to_format(s, round_to)
@@ -110,7 +112,10 @@ def norm_matmul(*, x, norm_weight, weight_t, residual=None, eps=1e-6,
         for m, row in enumerate(rows):
             for n, column in enumerate(w):
                 out[m, n] = _dot(row, column)
-    return out.reshape(*s.shape[:-1], w.shape[0]), s
+    out = out.reshape(*s.shape[:-1], w.shape[0])
+    if gated:
+        out = silu_mul(gate_up=round_to_format(out, round_to))
+    return out, s
 
 
 def rotary_kv_write(*, qkv, positions, cos, sin, k_cache, v_cache, slots, num_q_heads):

@@ -685,7 +685,7 @@ def silu_mul(gate_up: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
 
 
 def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, weight_t: torch.Tensor, *,
-                residual: torch.Tensor | None = None, eps: float = 1e-6,
+                residual: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
                 impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm of the residual sum, then a matmul -> (out [..., N], sum [..., H]) in x's dtype
     (docs/semantics.md 6.21): `add_rmsnorm`'s (normed, sum), then out = normed @ weight_t^T, the
@@ -694,6 +694,9 @@ def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, weight_t: torch.Tens
     x: [..., H] float, 1 <= H <= 1024 on the Triton path (its whole row in one tile); residual:
     x's shape and dtype; norm_weight: [H] float; weight_t: [N, H] of x's dtype (W^T, an
     nn.Linear's weight); eps: a finite float >= 0.
+    gated: weight_t is a SiLU-gated MLP's [2I, H] (the gate's I rows, then the up's) and out is
+    `silu_mul` of the product: [..., I] = silu(gate) * up, each half rounded to x's dtype first,
+    as the two ops in turn would give; N must be even.
     impl: "triton", "torch", or "auto" (Triton on CUDA, torch elsewhere; float64 always torch).
     """
     pick_impl(impl, x.device if isinstance(x, torch.Tensor) else torch.device("cpu"))
@@ -716,7 +719,11 @@ def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, weight_t: torch.Tens
                          f"{tuple(weight_t.shape)} {weight_t.dtype}")
     _same_device("weight_t", weight_t, x, "x")
     _check_residual_and_eps(x, residual, eps)
-    return norm_matmul_impl(x, residual, norm_weight, weight_t, float(eps), impl)
+    if not isinstance(gated, bool):
+        raise TypeError(f"gated must be a bool, got {type(gated).__name__}")
+    if gated and weight_t.shape[0] % 2:
+        raise ValueError(f"weight_t must be [2I, H] (an even N: gate, then up) when gated, got N = {weight_t.shape[0]}")
+    return norm_matmul_impl(x, residual, norm_weight, weight_t, float(eps), impl, gated)
 
 
 def _count(name: str, v, least: int, why: str = "") -> int:

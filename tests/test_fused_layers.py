@@ -103,8 +103,8 @@ def test_fused_speculative_generation_equals_unfused(fused_on_cpu, monkeypatch, 
 @pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
 def test_draft_head_norms_ride_in_their_matmuls_against_the_reference(fused_on_cpu, monkeypatch, compute_dtype, seed):
     """On the fused path at the tiny hidden size the draft head's attention norm runs inside its
-    q|k|v projection and its MLP norm inside its gate|up projection (`ops.norm_matmul`: two launches
-    a forward, the final norm the only `add_rmsnorm`), and every row's logits and hidden state equal
+    q|k|v projection and its MLP norm and SiLU gate inside its gate|up projection (`ops.norm_matmul`:
+    two launches a forward, the final norm the only `add_rmsnorm`, no `silu_mul`), and every row's logits and hidden state equal
     the float64 reference head's (`reference.eagle.draft_row`) by the dtype's tolerance: a norm
     that reads the wrong row, weight or residual, or a projection that skips the norm, moves them
     far past it. A batch past NORM_MATMUL_ROWS rows (a prefill's draft-extend) takes the separate
@@ -118,7 +118,7 @@ def test_draft_head_norms_ride_in_their_matmuls_against_the_reference(fused_on_c
     cfg, head = models.config, models.draft
     assert head.norm_matmul, "the head must put its norms in its matmuls on the fused path"
     cfg = head.config = dataclasses.replace(cfg, norm_eps=1e-2)     # not the default: every eps is the config's
-    launches = {"norm_matmul": 0, "add_rmsnorm": 0}
+    launches = {"norm_matmul": 0, "add_rmsnorm": 0, "silu_mul": 0}
 
     def counted(name, fn):
         def call(*args, **kwargs):
@@ -127,6 +127,7 @@ def test_draft_head_norms_ride_in_their_matmuls_against_the_reference(fused_on_c
         return call
     monkeypatch.setattr(norm_matmul, "norm_matmul_triton", counted("norm_matmul", norm_matmul.norm_matmul_triton))
     monkeypatch.setattr(layers, "add_rmsnorm_impl", counted("add_rmsnorm", layers.add_rmsnorm_impl))
+    monkeypatch.setattr(layers, "silu_mul_impl", counted("silu_mul", layers.silu_mul_impl))
     g = torch.Generator().manual_seed(seed)
     most = draft_module.NORM_MATMUL_ROWS          # the last fused batch, then the first one past it
     for bs, q in ((2, 5), (4, most // 4), (5, most // 5 + 1)):
@@ -137,10 +138,12 @@ def test_draft_head_norms_ride_in_their_matmuls_against_the_reference(fused_on_c
         for r in rows:
             cache.table.reserve(r, q)
         batch = batch_on(draft_batch(rows, [0] * bs, tokens), FUSED_DEVICE)
-        launches.update(norm_matmul=0, add_rmsnorm=0)
+        launches.update(norm_matmul=0, add_rmsnorm=0, silu_mul=0)
         out = head.forward(cache, batch, feats.to(head.w["fc"].dtype).to(FUSED_DEVICE))
         fused = bs * q <= draft_module.NORM_MATMUL_ROWS
-        assert launches == ({"norm_matmul": 2, "add_rmsnorm": 1} if fused else {"norm_matmul": 0, "add_rmsnorm": 3})
+        # Fused, the SiLU gate rides in the gate|up projection too (`norm_matmul(..., gated=True)`).
+        assert launches == ({"norm_matmul": 2, "add_rmsnorm": 1, "silu_mul": 0} if fused else
+                            {"norm_matmul": 0, "add_rmsnorm": 3, "silu_mul": 1})
         for b in range(bs):
             for j in (0, q // 2, q - 1):
                 seen = feats[b, :j + 1].to(head.w["fc"].dtype).double()          # the features the head read

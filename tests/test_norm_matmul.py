@@ -75,6 +75,45 @@ def test_norm_matmul_rounds_normed_and_out_once_to_nearest_even(dtype):
     assert bad == 0, f"{bad} of {want.numel()} outputs are not the nearest-even rounding of the exact sum"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("residual", [True, False])
+def test_gated_norm_matmul_is_the_product_then_silu_mul_bit_for_bit(dtype, residual):
+    """gated=True (the draft head's gate|up projection with its SiLU gate): out [..., I] is
+    `silu_mul`'s arithmetic on the product's gate and up halves, each rounded to the dtype first,
+    then rounded once: bit for bit the kernel's own ungated product fed to `silu_mul`'s kernel in
+    float32 and rounded by torch's cast (the same float32 expression on the same device). The
+    float64 reference agrees by the tolerance table. Rows past a row block, a column tail."""
+    g = torch.Generator().manual_seed(21)
+    rows, hidden, inter = 19, 40, 21
+    x, r = (torch.randn((rows, hidden), generator=g).to(dtype) for _ in range(2))
+    gain = (torch.rand(hidden, generator=g) + 0.5).to(dtype)
+    wt = (torch.randn((2 * inter, hidden), generator=g) / 6).to(dtype)
+    x[3, 5], r[7] = float("inf"), 0.0                   # a row of NaN (no scale), a residual of zeros
+    args = (x.to(DEV), gain.to(DEV), wt.to(DEV))
+    res = r.to(DEV) if residual else None
+    out, total = ops.norm_matmul(*args, residual=res, eps=1e-5, gated=True, impl="triton")
+    gate_up, total_ungated = ops.norm_matmul(*args, residual=res, eps=1e-5, impl="triton")
+    want = ops.silu_mul(gate_up.float(), impl="triton").to(dtype)
+    assert out.shape == (rows, inter) and torch.equal(total, total_ungated)
+    assert torch.equal(out.isnan(), want.isnan()) and out.isnan()[3].all()
+    bad = int((out.nan_to_num() != want.nan_to_num()).sum())
+    assert bad == 0, f"{bad} of {want.numel()} outputs differ from silu_mul of the rounded product"
+    name = str(dtype).removeprefix("torch.")
+    ref, _ = reference.norm_matmul(x=x.double().numpy(), norm_weight=gain.double().numpy(), weight_t=wt.double().numpy(),
+                                   residual=r.double().numpy() if residual else None, eps=1e-5, round_to=name,
+                                   gated=True)
+    assert_close(out.cpu().double(), torch.from_numpy(ref), (name, "float16"), "gated out against the reference")
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_gated_norm_matmul_refuses_an_odd_weight_and_a_non_bool(impl):
+    x, w, wt = torch.ones((2, 8)), torch.ones(8), torch.ones((5, 8))
+    with pytest.raises(ValueError, match=r"weight_t must be \[2I, H\] .* when gated, got N = 5"):
+        ops.norm_matmul(x.to(DEV), w.to(DEV), wt.to(DEV), gated=True, impl=impl)
+    with pytest.raises(TypeError, match="gated must be a bool, got str"):
+        ops.norm_matmul(x.to(DEV), w.to(DEV), wt[:4].to(DEV), gated="yes", impl=impl)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_reference_norm_matmul_rounds_the_normed(dtype):
     x, r, gain, wt, _, exact = _exact_case(dtype)

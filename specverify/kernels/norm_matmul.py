@@ -20,6 +20,11 @@ small preset's draft head (K 512, bs 8): the q|k|v projection 3.7 us against 5.2
 kernel and cuBLAS's matmul, the gate|up one 4.4 against 5.7 us; at K 2048 the tiles spill and it
 loses (benchmarks/results/norm_matmul-nvidia-h100-80gb-hbm3.md).
 
+gated (a SiLU-gated MLP's gate|up, W^T = [gate rows; up rows]): each program computes its columns
+of both halves, rounds each product to x's dtype, and stores silu(gate) * up (`silu_mul`'s float32
+arithmetic, rounded once): the activation needs no kernel of its own, and the gate|up product is
+never written.
+
 float32 inputs take IEEE products on the FMA units (TF32 would round them); the interpreter widens
 16-bit operands to float32 too (its 16-bit dot is wrong), exact products either way.
 """
@@ -56,11 +61,21 @@ def _rounded(v, dtype, TO_BF16: tl.constexpr):
 
 
 @triton.jit
+def _product(normed, wt, WIDE: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] float32 sums of exact products: normed [BLOCK_M, K] @ wt [BLOCK_N, K]^T."""
+    if WIDE:
+        return tl.dot(normed.to(tl.float32), tl.trans(wt.to(tl.float32)), input_precision="ieee")
+    return tl.dot(normed, tl.trans(wt))
+
+
+@triton.jit
 def _norm_matmul_kernel(x_ptr, r_ptr, g_ptr, wt_ptr, out_ptr, sum_ptr, rows, n_cols, eps,
                         s_xm, s_rm, s_wn, s_om, s_sm,
                         HIDDEN: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                        WIDE: tl.constexpr, TO_BF16: tl.constexpr, LONG_OFFSETS: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        GATED: tl.constexpr, WIDE: tl.constexpr, TO_BF16: tl.constexpr,
+                        LONG_OFFSETS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # GATED: W^T holds the gate's n_cols rows, then the up's n_cols; out column n is
+    # silu(gate_n) * up_n of the two products, each rounded to the dtype first (6.21).
     pid_n = tl.program_id(0)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -68,8 +83,11 @@ def _norm_matmul_kernel(x_ptr, r_ptr, g_ptr, wt_ptr, out_ptr, sum_ptr, rows, n_c
         m, n = m.to(tl.int64), n.to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     mlive, nlive, klive = m < rows, n < n_cols, k < HIDDEN
-    # The weight slice first: its load does not wait on the norm.
-    wt = tl.load(wt_ptr + n[:, None] * s_wn + k[None, :], mask=nlive[:, None] & klive[None, :], other=0.0)
+    # The weight slices first: their loads do not wait on the norm.
+    wmask = nlive[:, None] & klive[None, :]
+    wt = tl.load(wt_ptr + n[:, None] * s_wn + k[None, :], mask=wmask, other=0.0)
+    if GATED:
+        wt_up = tl.load(wt_ptr + (n + n_cols)[:, None] * s_wn + k[None, :], mask=wmask, other=0.0)
     live = mlive[:, None] & klive[None, :]
     s = tl.load(x_ptr + m[:, None] * s_xm + k[None, :], mask=live, other=0.0)
     if HAS_RESIDUAL:
@@ -83,12 +101,12 @@ def _norm_matmul_kernel(x_ptr, r_ptr, g_ptr, wt_ptr, out_ptr, sum_ptr, rows, n_c
     rstd = tl.where(mean_sq < float("inf"), 1.0 / tl.sqrt(mean_sq + eps), float("nan"))
     g = tl.load(g_ptr + k, mask=klive, other=0.0).to(tl.float32)
     normed = _rounded(s * rstd[:, None] * g[None, :], x_ptr.dtype.element_ty, TO_BF16)
-    if WIDE:
-        acc = tl.dot(normed.to(tl.float32), tl.trans(wt.to(tl.float32)), input_precision="ieee")
-    else:
-        acc = tl.dot(normed, tl.trans(wt))
-    tl.store(out_ptr + m[:, None] * s_om + n[None, :], _rounded(acc, out_ptr.dtype.element_ty, TO_BF16),
-             mask=mlive[:, None] & nlive[None, :])
+    acc = _rounded(_product(normed, wt, WIDE), out_ptr.dtype.element_ty, TO_BF16)
+    if GATED:                   # ops.silu_mul's arithmetic on the rounded gate and up
+        gate = acc.to(tl.float32)
+        up = _rounded(_product(normed, wt_up, WIDE), out_ptr.dtype.element_ty, TO_BF16).to(tl.float32)
+        acc = _rounded(gate / (1.0 + tl.exp(-gate)) * up, out_ptr.dtype.element_ty, TO_BF16)
+    tl.store(out_ptr + m[:, None] * s_om + n[None, :], acc, mask=mlive[:, None] & nlive[None, :])
 
 
 def _span(t: torch.Tensor | None) -> int:
@@ -100,11 +118,12 @@ def _span(t: torch.Tensor | None) -> int:
 
 
 def norm_matmul_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                       weight_t: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       weight_t: torch.Tensor, eps: float, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [..., N], sum [..., H]) of x [..., H] (+ residual), weight_t [N, H] = W^T: the kernel
-    behind `ops.norm_matmul` (inputs checked; H <= MAX_HIDDEN). Without a residual, sum is x."""
+    behind `ops.norm_matmul` (inputs checked; H <= MAX_HIDDEN). Without a residual, sum is x.
+    gated: weight_t is [2I, H] (gate, then up) and out [..., I] = silu(gate) * up."""
     check_launchable(_norm_matmul_kernel, x.device)
-    hidden, n_cols = x.shape[-1], weight_t.shape[0]
+    hidden, n_cols = x.shape[-1], weight_t.shape[0] // (2 if gated else 1)
     x2 = x.reshape(-1, hidden)
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     r2 = None if residual is None else residual.reshape(-1, hidden)
@@ -119,12 +138,12 @@ def norm_matmul_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weig
         # even), and an empty W^T may have no address to hand a kernel.
         total = x2 + r2
     elif rows and n_cols:
-        block_n = column_block(n_cols)
+        block_n = column_block(n_cols * (2 if gated else 1))     # the unfused gate|up product's blocks
         _norm_matmul_kernel[(triton.cdiv(n_cols, block_n), triton.cdiv(rows, ROW_BLOCK))](
             x2, x2 if r2 is None else r2, norm_weight, weight_t, out, total, rows, n_cols, float(eps),
             x2.stride(0), x2.stride(0) if r2 is None else r2.stride(0), weight_t.stride(0), out.stride(0),
             total.stride(0), HIDDEN=hidden, BLOCK_K=max(16, triton.next_power_of_2(hidden)), HAS_RESIDUAL=r2 is not None,
-            WIDE=x.dtype == torch.float32 or interpreted(_norm_matmul_kernel),
+            GATED=gated, WIDE=x.dtype == torch.float32 or interpreted(_norm_matmul_kernel),
             TO_BF16=x.dtype == torch.bfloat16 and interpreted(_norm_matmul_kernel),
             LONG_OFFSETS=max(_span(t) for t in (x2, r2, weight_t, out, total)) >= 2 ** 31 - BLOCK_SPAN,
             BLOCK_M=ROW_BLOCK, BLOCK_N=block_n, num_warps=4)
@@ -134,10 +153,13 @@ def norm_matmul_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weig
 
 
 def norm_matmul_impl(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                     weight_t: torch.Tensor, eps: float, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                     weight_t: torch.Tensor, eps: float, impl: str = "auto",
+                     gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The wrapper behind `ops.norm_matmul` (inputs checked): the kernel for CUDA tensors of 16 /
-    32-bit floats ("auto"), else `add_rmsnorm`'s torch path and torch's matmul."""
+    32-bit floats ("auto"), else `add_rmsnorm`'s torch path and torch's matmul (and, gated,
+    `silu_mul`'s torch path)."""
     if not fused_layers.runs_triton(impl, x.device, x.dtype):
         normed, total = fused_layers.add_rmsnorm_impl(x, residual, norm_weight, eps, "torch")
-        return normed @ weight_t.t(), total
-    return norm_matmul_triton(x, residual, norm_weight, weight_t, eps)
+        out = normed @ weight_t.t()
+        return (fused_layers.silu_mul_impl(out, "torch") if gated else out), total
+    return norm_matmul_triton(x, residual, norm_weight, weight_t, eps, gated)

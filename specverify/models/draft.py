@@ -7,7 +7,8 @@ its own final norm and the target's lm_head. Its attention takes its products on
 cores where they stay exact (`ops.paged_attention`'s `tensor_cores`): a draft's rows are proposals,
 which no other launch must round alike (docs/semantics.md 6.20). On a GPU, at a small hidden size
 and decode-size batches, its attention norm runs inside its q|k|v projection's kernel and its MLP
-norm (with the residual add) inside its gate|up projection's (`ops.norm_matmul`, 6.21).
+norm (with the residual add) and its SiLU gate inside its gate|up projection's (`ops.norm_matmul`,
+`gated=True`, 6.21).
 
 `forward` is the whole head. It is split in two so a wrapper can work on the compute-dtype
 logits before they are delivered in the logits dtype: `compute_logits` (the network) and
@@ -148,8 +149,9 @@ class DraftHead:
                                  cache.table.req_to_token, plan, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
                                  head_dim=cfg.head_dim, tensor_cores=True, qkv=qkv)
         if self._fuses(x):
-            gate_up, x = norm_matmul_impl(x, mixed, w["layer.mlp_norm"], w["layer.w_gate_up_t"], cfg.norm_eps)
-            return x, layers.gated_down(gate_up, w, "layer")
+            # The MLP norm and the SiLU gate both ride in the gate|up projection's kernel.
+            act, x = norm_matmul_impl(x, mixed, w["layer.mlp_norm"], w["layer.w_gate_up_t"], cfg.norm_eps, gated=True)
+            return x, act @ w["layer.w_down"]
         n, x = layers.add_rmsnorm(x, mixed, w["layer.mlp_norm"], cfg.norm_eps)
         return x, layers.swiglu_mlp(n, w, "layer")
 

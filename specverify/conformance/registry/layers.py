@@ -183,10 +183,10 @@ def _nm_weight_scale(hidden: int) -> int:
 
 
 def _nm_sample(name, seed, dtype, *, rows, hidden, cols, lanes=None, residual=True, eps=1e-6,
-               kind="plain") -> SampleInput:
+               kind="plain", gated=False) -> SampleInput:
     """x (and residual) [rows, H], or [rows, lanes, H] when lanes is given; weight_t [cols, H] of
     multiples of 1/256 in [-1, 1) over `_nm_weight_scale` (exact in every dtype); the norm weight
-    as add_rmsnorm's samples draw it."""
+    as add_rmsnorm's samples draw it. gated: weight_t is [2 cols, H], a gate's then an up's."""
     gen = torch.Generator().manual_seed(seed)
     t = _torch_dtype(dtype)
     shape = (rows, hidden) if lanes is None else (rows, lanes, hidden)
@@ -197,10 +197,10 @@ def _nm_sample(name, seed, dtype, *, rows, hidden, cols, lanes=None, residual=Tr
     elif kind == "tiny":            # mean(x^2) near eps: where eps sits decides the result
         x, r = x / 1024, r / 1024
     g = 0.5 + _grid(gen, (hidden,), 0, 385, 256)                      # norm weights in [0.5, 2)
-    wt = _grid(gen, (cols, hidden), -256, 256, 256) / _nm_weight_scale(hidden)
+    wt = _grid(gen, (cols * (2 if gated else 1), hidden), -256, 256, 256) / _nm_weight_scale(hidden)
     xs = _ulp_pairs(x, t) if kind == "ulp" else S.cast(x, t)
     args = {"x": xs, "norm_weight": S.cast(g, t), "weight_t": S.cast(wt, t),
-            "residual": S.cast(r, t) if residual else None, "eps": eps}
+            "residual": S.cast(r, t) if residual else None, "eps": eps, "gated": gated}
     return SampleInput(name, args, seed)
 
 
@@ -208,10 +208,11 @@ def _nm_impl(which: str):
     def impl(s: SampleInput, profile) -> dict:
         a = s.args
         if which == "triton":
-            out, total = norm_matmul_triton(a["x"], a["residual"], a["norm_weight"], a["weight_t"], a["eps"])
+            out, total = norm_matmul_triton(a["x"], a["residual"], a["norm_weight"], a["weight_t"], a["eps"],
+                                            a["gated"])
         else:
             out, total = ops.norm_matmul(a["x"], a["norm_weight"], a["weight_t"], residual=a["residual"],
-                                         eps=a["eps"], impl="torch")
+                                         eps=a["eps"], gated=a["gated"], impl="torch")
         return {"out": out, "sum": total}
     return impl
 
@@ -223,7 +224,7 @@ def _nm_ref(s: SampleInput) -> dict:
     out, total = reference.norm_matmul(x=a["x"].double().numpy(), norm_weight=a["norm_weight"].double().numpy(),
                                        weight_t=a["weight_t"].double().numpy(),
                                        residual=None if a["residual"] is None else a["residual"].double().numpy(),
-                                       eps=a["eps"], round_to=dtypes.dtype_info(a["x"].dtype).name)
+                                       eps=a["eps"], round_to=dtypes.dtype_info(a["x"].dtype).name, gated=a["gated"])
     return {"out": torch.from_numpy(out), "sum": torch.from_numpy(total)}
 
 
@@ -247,17 +248,25 @@ def _nm_samples(small: bool):
         yield one("tiny-rows-eps-matters", 12, rows=3, hidden=16, cols=8, kind="tiny", eps=1e-5)
         yield one("eps-zero", 13, rows=2, hidden=16, cols=8, eps=0.0)
         yield one("lanes-3d-x", 14, rows=3, lanes=4, hidden=24, cols=20)
+        # the SiLU-gated MLP's gate|up (out: silu(gate) * up): column tails, rows past a block,
+        # no residual, NaN / inf (silu(-inf) * up is NaN, silu(inf) * up inf)
+        yield one("gated-cols-1", 16, rows=3, hidden=16, cols=1, gated=True)
+        yield one("gated-cols-17-rows-20", 17, rows=20, hidden=24, cols=17, gated=True)
+        yield one("gated-no-residual", 18, rows=4, hidden=40, cols=12, residual=False, gated=True)
+        yield one("gated-nan-inf-signed-zero", 19, rows=6, hidden=24, cols=10, kind="nan", gated=True)
+        yield one("gated-ulp-adjacent-entries", 20, rows=3, hidden=33, cols=9, kind="ulp", gated=True)
         if not small:
             yield one("large-rows", 15, rows=9, hidden=300, cols=70)
+            yield one("gated-large-rows", 21, rows=9, hidden=300, cols=40, gated=True)
     return samples
 
 
 def _nm_recipe(dtype: str):
     from hypothesis import strategies as st
     return st.tuples(st.integers(0, 2**16), st.integers(0, 20), st.integers(1, 70), st.integers(1, 40), st.booleans(),
-                     st.sampled_from(("plain", "nan", "ulp", "tiny"))).map(
-        lambda t: _nm_sample(f"hyp-{t[5]}", t[0], dtype, rows=t[1], hidden=t[2], cols=t[3], residual=t[4],
-                             kind=t[5]))
+                     st.sampled_from(("plain", "nan", "ulp", "tiny")), st.booleans()).map(
+        lambda t: _nm_sample(f"hyp-{t[5]}{'-gated' if t[6] else ''}", t[0], dtype, rows=t[1], hidden=t[2], cols=t[3],
+                             residual=t[4], kind=t[5], gated=t[6]))
 
 
 def _nm_errors(which: str):
@@ -266,7 +275,7 @@ def _nm_errors(which: str):
     def call(**changes):
         a = {**base, **changes}
         return lambda: ops.norm_matmul(a["x"], a["norm_weight"], a["weight_t"], residual=a["residual"], eps=a["eps"],
-                                       impl=which)
+                                       gated=a["gated"], impl=which)
 
     def errors():
         x, g, wt, r = base["x"], base["norm_weight"], base["weight_t"], base["residual"]
@@ -289,6 +298,9 @@ def _nm_errors(which: str):
                          "residual must have x's shape .* and dtype", "residual")
         yield ErrorInput("eps-negative", call(eps=-1e-6), ValueError, "eps must be a finite float >= 0", "eps")
         yield ErrorInput("eps-nan", call(eps=float("nan")), ValueError, "eps must be a finite float >= 0", "eps")
+        yield ErrorInput("gated-odd-n", call(gated=True), ValueError,
+                         r"weight_t must be \[2I, H\] \(an even N: gate, then up\) when gated, got N = 5", "weight_t")
+        yield ErrorInput("gated-not-bool", call(gated=1), TypeError, "gated must be a bool, got int", "gated")
         yield ErrorInput("bad-impl", lambda: ops.norm_matmul(x, g, wt, impl="cuda"), ValueError,
                          "impl must be one of", "impl")
         if which == "triton":       # the kernel holds a row's whole H in one tile
