@@ -663,3 +663,27 @@ def test_presets_have_the_promised_sizes():
     assert tiny.vocab_size % 64 != 0, "tiny's vocab is deliberately not a multiple of a kernel block"
     assert small.vocab_size >= 32000 and small.num_layers >= 8
     assert small.layer_kinds.count("recurrent") == 4 and small.is_hybrid and not tiny.is_hybrid
+
+
+def test_own_tokens_oracle_helpers_at_their_edges():
+    """`oracle_of_outputs` / `follows_oracle` on a small hand-made oracle: a new tensor (the pre-run's
+    oracle, shared by the benchmark's other runs, is left as it was), the last column never written
+    (a prompt + output of exactly the row's width is refused, one shorter fits), more outputs than
+    prompts refused, and a run is on its oracle only when every row's every token is."""
+    oracle = torch.arange(4 * 8, dtype=torch.int64).reshape(4, 8) % 7
+    before = oracle.clone()
+    prompts, outputs = [[1, 2], [3], [4, 5, 6]], [[9, 9, 9], [8, 8], [7]]
+    own = oracle_of_outputs(oracle, prompts, outputs)
+    assert torch.equal(oracle, before) and own.data_ptr() != oracle.data_ptr(), "a new tensor; the input untouched"
+    assert own[0].tolist() == [1, 2, 9, 9, 9, -1, -1, -1] and torch.equal(own[3], oracle[3])
+    assert follows_oracle(own, prompts, outputs)
+    for r in range(3):                   # one row off at its last token, the others on: not on the oracle
+        off = [list(t) for t in outputs]
+        off[r][-1] += 1
+        assert not follows_oracle(own, prompts, off), f"row {r}'s last token"
+    fits = oracle_of_outputs(oracle, [[1] * 3], [[2] * 4])           # 7 tokens: the last column stays -1
+    assert fits[0, 7] == -1
+    with pytest.raises(ValueError, match=r"outputs\[0\]: prompt \+ output is 8 tokens, the oracle holds at most 7"):
+        oracle_of_outputs(oracle, [[1] * 3], [[2] * 5])
+    with pytest.raises(ValueError, match=r"outputs: 3 of them, for an oracle of 4 rows and 2 prompts"):
+        oracle_of_outputs(oracle, prompts[:2], outputs)

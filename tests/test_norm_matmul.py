@@ -243,3 +243,108 @@ def test_cuda_norm_matmul_operands_reaching_past_32_bit_offsets():
     got = ops.norm_matmul(x, gain, wt, impl="triton")
     want = ops.norm_matmul(x.contiguous(), gain, wt.contiguous(), impl="triton")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_gated_norm_matmul_reads_a_strided_weight(impl):
+    """gated=True with weight_t a column slice of a wider tensor (row stride H + 8): the up half's
+    rows are found through weight_t's row stride like the gate's (not at I * H entries past the
+    start), so out equals a contiguous copy's (bit for bit under the interpreter)."""
+    g = torch.Generator().manual_seed(9)
+    rows, hidden, inter = 18, 24, 11
+    x, r = (torch.randn((rows, hidden), generator=g).to(DEV) for _ in range(2))
+    wt = torch.randn((2 * inter, hidden + 8), generator=g).to(DEV)[:, 8:]
+    w = (torch.rand(hidden, generator=g) + 0.5).to(DEV)
+    assert wt.stride(0) != hidden
+    got = ops.norm_matmul(x, w, wt, residual=r, gated=True, impl=impl)
+    want = ops.norm_matmul(x, w, wt.contiguous(), residual=r, gated=True, impl=impl)
+    assert got[0].shape == (rows, inter) and torch.equal(got[1], want[1])
+    assert_close(got[0].cpu(), want[0].cpu(), "float32", f"{impl}: gated out of a strided weight")
+    if DEV == "cpu":
+        assert torch.equal(got[0], want[0]), f"{impl}: gated out of a strided weight differs under the interpreter"
+
+
+def test_gated_norm_matmul_long_offsets_follow_the_up_half(monkeypatch):
+    """The 64-bit-offset flag follows the whole W^T a gated launch reads: the up rows n + I reach
+    past the gate half's span. Here the gate half (rows 0, 1 at stride 2**30) stays below 2**31
+    entries and the whole [4, H] reaches past it. Meta tensors: only the launch's arguments are
+    read, nothing runs and nothing is allocated."""
+    from specverify.kernels import norm_matmul as nm_kernel
+    launched = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch_(*args, **kwargs):
+                launched.append(kwargs["LONG_OFFSETS"])
+            return launch_
+    monkeypatch.setattr(nm_kernel, "_norm_matmul_kernel", Spy())
+    monkeypatch.setattr(nm_kernel, "check_launchable", lambda kernel, device: None)
+    monkeypatch.setattr(nm_kernel, "interpreted", lambda kernel: True)
+    hidden = 64
+    x = torch.empty((2, hidden), dtype=torch.bfloat16, device="meta")
+    gain = torch.empty(hidden, dtype=torch.bfloat16, device="meta")
+    wt = torch.empty_strided((4, hidden), (2 ** 30, 1), dtype=torch.bfloat16, device="meta")
+    assert nm_kernel._span(wt[:2]) < 2 ** 31 - nm_kernel.BLOCK_SPAN <= nm_kernel._span(wt)
+    nm_kernel.norm_matmul_triton(x, None, gain, wt, 1e-6, gated=True)
+    nm_kernel.norm_matmul_triton(x, None, gain, wt[:2], 1e-6, gated=True)
+    assert launched == [True, False]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_gated_norm_matmul_torch_path_is_the_product_then_silu_mul(dtype):
+    """The torch path of gated=True is the two ops' torch paths in turn, bit for bit: `silu_mul`'s
+    torch path rounds silu(gate) to the dtype before the product (not one float32 rounding)."""
+    g = torch.Generator().manual_seed(23)
+    rows, hidden, inter = 7, 40, 13
+    x, r = (torch.randn((rows, hidden), generator=g).to(dtype) for _ in range(2))
+    w = (torch.rand(hidden, generator=g) + 0.5).to(dtype)
+    wt = (torch.randn((2 * inter, hidden), generator=g) / 4).to(dtype)
+    out, total = ops.norm_matmul(x, w, wt, residual=r, eps=1e-5, gated=True, impl="torch")
+    gate_up, total_ungated = ops.norm_matmul(x, w, wt, residual=r, eps=1e-5, impl="torch")
+    assert torch.equal(total, total_ungated)
+    assert torch.equal(out, ops.silu_mul(gate_up, impl="torch"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reference_gated_norm_matmul_rounds_gate_and_up(dtype):
+    """The reference's gated out is silu_mul of the product rounded to the dtype (torch's cast of
+    the exact product): the exact case's products need the rounding, so a reference that skips
+    it (or rounds to float32) differs."""
+    x, r, gain, wt, _, exact = _exact_case(dtype)
+    wt, exact = wt[:20], exact[:, :20]                      # an even N: gate 10, up 10
+    out, _ = reference.norm_matmul(x=x.double().numpy(), residual=r.double().numpy(), norm_weight=gain.double().numpy(),
+                                   weight_t=wt.double().numpy(), eps=0.0, round_to=str(dtype).split(".")[-1],
+                                   gated=True)
+    want = reference.silu_mul(gate_up=exact.to(dtype).double().numpy())
+    assert not np.array_equal(want, reference.silu_mul(gate_up=exact.numpy())), "the case needs the rounding"
+    assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gated_registry_reference_is_the_kernels_bits_rounded(dtype):
+    """The registry compares by 1e-2, which a reference without a rounding passes. On its gated
+    16-bit samples the kernel's out is the reference's rounded to the dtype at all but a few
+    entries (ties of float32's silu against float64's): a reference whose normed or gate / up
+    goes unrounded moves most of them."""
+    from specverify.conformance.registry import REGISTRY, run_impl
+    from specverify.platform import get_profile
+    op, t = REGISTRY["norm_matmul_triton"], getattr(torch, dtype)
+    bad = total = 0
+    for s in op.samples(dtype, 0):
+        if not s.args["gated"]:
+            continue
+        got = run_impl(op, s, get_profile())["out"].cpu()
+        want = op.ref(s)["out"].to(t)
+        assert torch.equal(got.isnan(), want.isnan()), s.name
+        bad += int((got.nan_to_num() != want.nan_to_num()).sum())
+        total += got.numel()
+    assert total > 100 and bad <= total // 50, f"{bad} of {total} gated outputs are not the reference's rounding"
+
+
+def test_gated_recipe_draws_gated_samples():
+    """The property test's recipe draws the gated case too (hypothesis' find: the first such draw)."""
+    from hypothesis import find, settings
+    from specverify.conformance.registry import REGISTRY
+    s = find(REGISTRY["norm_matmul_triton"].recipe("float32"), lambda s: s.args["gated"],
+             settings=settings(database=None, max_examples=200))
+    assert s.args["weight_t"].shape[0] % 2 == 0
