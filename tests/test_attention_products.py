@@ -30,6 +30,7 @@ from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.launch import TF32_FRACTION_BITS, tf32_exact
 from specverify.models import Batch, chain_mask, layers
 from specverify.platform import get_profile
+from tests.support.launches import launch_spy
 
 pytestmark = pytest.mark.kernels
 
@@ -254,15 +255,7 @@ def test_the_op_keeps_the_fma_units_unless_asked(monkeypatch):
 def test_the_kernel_takes_tf32_only_when_asked_and_exact(monkeypatch, dtype, tensor_cores):
     """The kernel is launched with TF32 products exactly when the caller asks and the inputs fit
     TF32 (bfloat16 / float16; never float32). Only the launch's arguments are read: nothing runs."""
-    launched = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch_(*args, **kwargs):
-                launched.append(kwargs["TF32"])
-            return launch_
-    monkeypatch.setattr(attention, "_paged_attention_kernel", Spy())
-    monkeypatch.setattr(attention, "check_launchable", lambda kernel, device: None)
+    launched = launch_spy(monkeypatch, attention, "_paged_attention_kernel", "TF32")
     q, k, v, table = _inputs(dtype, 0)
     _paged(q, k, v, table, HD ** -0.5, "triton", tensor_cores=tensor_cores)
     assert launched == [tensor_cores and dtype != torch.float32]

@@ -270,15 +270,8 @@ def test_gated_norm_matmul_long_offsets_follow_the_up_half(monkeypatch):
     entries and the whole [4, H] reaches past it. Meta tensors: only the launch's arguments are
     read, nothing runs and nothing is allocated."""
     from specverify.kernels import norm_matmul as nm_kernel
-    launched = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch_(*args, **kwargs):
-                launched.append(kwargs["LONG_OFFSETS"])
-            return launch_
-    monkeypatch.setattr(nm_kernel, "_norm_matmul_kernel", Spy())
-    monkeypatch.setattr(nm_kernel, "check_launchable", lambda kernel, device: None)
+    from tests.support.launches import launch_spy
+    launched = launch_spy(monkeypatch, nm_kernel, "_norm_matmul_kernel", "LONG_OFFSETS")
     monkeypatch.setattr(nm_kernel, "interpreted", lambda kernel: True)
     hidden = 64
     x = torch.empty((2, hidden), dtype=torch.bfloat16, device="meta")
