@@ -237,7 +237,7 @@ def run_on_path(models, oracle: torch.Tensor, prompts, spec: SpecConfig, args, d
     The pre-run decodes all prompts in one batch; a run verifies S + 1 rows a request at its own
     batch. Where the target's matmuls round with their row count (cuBLAS picks its kernel by M: on
     an H200 the medium preset's down projection, K 5632, rounds otherwise at M 1, 4 and 8 than at
-    64; results/oracle_drift-medium-nvidia-h200.md; on the H100s nothing moves), a run
+    64; results/oracle_drift-medium-nvidia-h200.md; on the H100s the runs stayed on it), a run
     leaves the oracle early and its drafts are then never steered (accept ~1, a figure of the
     oracle, not of the engine). Then the oracle's rows become that run's own tokens (the target's
     greedy continuation as this decoder computes it) and the run is made again, until a run emits
