@@ -190,13 +190,20 @@ def rotary_kv_write_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
 # -- SiLU-gated activation --------------------------------------------------------------------------
 
 @triton.jit
+def silu_times(g, u):
+    """silu(g) * u of float32 g, u, in float32: `silu_mul`'s arithmetic, shared by every kernel that
+    gates (`_silu_mul_kernel`, `norm_matmul`'s gated epilogue), so they round alike bit for bit."""
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
 def _silu_mul_kernel(gu_ptr, out_ptr, inter, s_gm, s_om, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)     # tokens x 2I passes 2**31 at a 64K-token prefill of a big MLP
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = cols < inter
     g = tl.load(gu_ptr + row * s_gm + cols, mask=live, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * s_gm + inter + cols, mask=live, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * s_om + cols, g / (1.0 + tl.exp(-g)) * u, mask=live)
+    tl.store(out_ptr + row * s_om + cols, silu_times(g, u), mask=live)
 
 
 def silu_mul_impl(gate_up: torch.Tensor, impl: str = "auto", block: int = SILU_BLOCK) -> torch.Tensor:

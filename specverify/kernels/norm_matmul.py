@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from specverify.kernels import fused_layers
+from specverify.kernels.fused_layers import silu_times
 from specverify.kernels.launch import check_launchable, interpreted
 from specverify.kernels.rounding import bfloat16_nearest_even
 
@@ -105,7 +106,7 @@ def _norm_matmul_kernel(x_ptr, r_ptr, g_ptr, wt_ptr, out_ptr, sum_ptr, rows, n_c
     if GATED:                   # ops.silu_mul's arithmetic on the rounded gate and up
         gate = acc.to(tl.float32)
         up = _rounded(_product(normed, wt_up, WIDE), out_ptr.dtype.element_ty, TO_BF16).to(tl.float32)
-        acc = _rounded(gate / (1.0 + tl.exp(-gate)) * up, out_ptr.dtype.element_ty, TO_BF16)
+        acc = _rounded(silu_times(gate, up), out_ptr.dtype.element_ty, TO_BF16)
     tl.store(out_ptr + m[:, None] * s_om + n[None, :], acc, mask=mlive[:, None] & nlive[None, :])
 
 
@@ -138,7 +139,7 @@ def norm_matmul_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weig
         # even), and an empty W^T may have no address to hand a kernel.
         total = x2 + r2
     elif rows and n_cols:
-        block_n = column_block(n_cols * (2 if gated else 1))     # the unfused gate|up product's blocks
+        block_n = column_block(weight_t.shape[0])       # gated: the blocks of the unfused gate|up product
         _norm_matmul_kernel[(triton.cdiv(n_cols, block_n), triton.cdiv(rows, ROW_BLOCK))](
             x2, x2 if r2 is None else r2, norm_weight, weight_t, out, total, rows, n_cols, float(eps),
             x2.stride(0), x2.stride(0) if r2 is None else r2.stride(0), weight_t.stride(0), out.stride(0),
