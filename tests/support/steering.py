@@ -312,21 +312,17 @@ def oracle_sequences(models, prompts: Sequence[Sequence[int]], budgets: Sequence
     `budgets[r]` tokens (the optimized decoder's pre-run), -1 beyond."""
     import specverify
 
-    ctx = models.config.max_context
-    oracle = torch.full((len(prompts), ctx + 1), -1, dtype=torch.int64)
     # Run each distinct request once, all in one batch. Its greedy tokens are a run's where the
-    # target's matmuls round alike at every row count: true of every CPU path here and of the
-    # H100s, not of cuBLAS on an H200 at the medium preset (`oracle_of_outputs`).
+    # target's matmuls round alike at every row count: true of every CPU path here and in the H100s'
+    # runs, not of cuBLAS on an H200 at the medium preset (`oracle_of_outputs`).
     jobs = sorted({(tuple(int(t) for t in p), int(n)) for p, n in zip(prompts, budgets) if n >= 1})
     done = {}
     if jobs:
         out = specverify.generate(models, [list(p) for p, _ in jobs], max_new_tokens=[n for _, n in jobs])
         done = dict(zip(jobs, out.tokens))
-    for i, (p, n) in enumerate(zip(prompts, budgets)):
-        p = tuple(int(t) for t in p)
-        seq = torch.tensor(list(p) + done.get((p, int(n)), []), dtype=torch.int64)
-        oracle[i, :len(seq)] = seq
-    return oracle
+    outputs = [done.get((tuple(int(t) for t in p), int(n)), []) for p, n in zip(prompts, budgets)]
+    empty = torch.full((len(prompts), models.config.max_context + 1), -1, dtype=torch.int64)
+    return oracle_of_outputs(empty, prompts, outputs)
 
 
 def oracle_of_outputs(oracle: torch.Tensor, prompts: Sequence[Sequence[int]],
