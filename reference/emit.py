@@ -57,14 +57,22 @@ def accepted_tokens(*, tree_tokens, accept, num_correct, bonus) -> dict:
     return {"produced": produced, "count": count}
 
 
-def draft_plan(*, q_lens, kv_lens, finished, width, num_steps) -> dict:
+def draft_plan(*, q_lens, kv_lens, finished, width, num_steps, req_to_token=None, rows=None, ahead_tokens=None,
+               sink=0) -> dict:
     """Where a draft phase's tokens sit (6.18), per lane: a finished lane drafts nothing; the
     others run their q_lens new tokens, token j (every one of the width columns, padding too) at
     position kv_lens + 1 + j; the last live one is the root, at position kv_lens + q_lens, in row
     q_lens - 1 (row 0 when there is none); the draft steps sit right after the root, one position
-    each. -> {"q_lens", "positions", "last", "root", "ahead", "live"} as lists."""
+    each. -> {"q_lens", "positions", "last", "root", "ahead", "live"} as lists; with the slot table
+    req_to_token (rows: each lane's row of it) also "slots", the cell of draft index kv_lens + j for
+    each extend token that runs (`sink` for the others), and "ahead_slots", the cells of the
+    ahead_tokens (default num_steps) indices from the root's on, on a live lane (`sink` on a
+    finished one): an index past the row reads its last cell."""
     out = {"q_lens": [], "positions": [], "last": [], "root": [], "ahead": [], "live": []}
-    for q, kv, done in zip(q_lens, kv_lens, finished):
+    if req_to_token is not None:
+        out.update(slots=[], ahead_slots=[])
+        count = num_steps if ahead_tokens is None else ahead_tokens
+    for b, (q, kv, done) in enumerate(zip(q_lens, kv_lens, finished)):
         runs = 0 if done else q
         root = kv + runs
         out["q_lens"].append(runs)
@@ -73,6 +81,12 @@ def draft_plan(*, q_lens, kv_lens, finished, width, num_steps) -> dict:
         out["root"].append(root)
         out["ahead"].append([root + step for step in range(1, num_steps + 1)])
         out["live"].append(0 if done else 1)
+        if req_to_token is None:
+            continue
+        cells = list(req_to_token[rows[b]])
+        cell = lambda index: int(cells[min(index, len(cells) - 1)])     # noqa: E731
+        out["slots"].append([cell(kv + j) if j < runs else sink for j in range(width)])
+        out["ahead_slots"].append([sink if done else cell(root + i) for i in range(count)])
     return out
 
 

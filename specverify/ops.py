@@ -18,7 +18,7 @@ from specverify.kernels.dflash import dflash_verify_impl
 from specverify.kernels.fused_layers import (add_rmsnorm_impl, embed_concat_impl, rotary_kv_write_impl, runs_triton,
                                              silu_mul_impl)
 from specverify.kernels.draft_kv_indices import draft_kv_indices_impl
-from specverify.kernels.draft_plan import DraftPlan, draft_plan_impl
+from specverify.kernels.draft_plan import DraftPlan, SlotTable, draft_plan_impl
 from specverify.kernels.draft_search import (MAX_TRITON_TOPK as MAX_SEARCH_TOPK, BeamStep, expand_beams_impl,
                                              keep_candidates_impl)
 from specverify.kernels.draft_select import MAX_TRITON_TOPK as MAX_SELECT_TOPK, select_topk_triton
@@ -970,17 +970,25 @@ def chain_verify_rows(*, rows: torch.Tensor, seq_len: torch.Tensor, pending: tor
 
 
 def draft_plan(*, q_lens: torch.Tensor, kv_lens: torch.Tensor, finished: torch.Tensor, width: int, num_steps: int,
-               impl: str = "auto", checked: bool | None = None) -> DraftPlan:
+               req_to_token: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+               ahead_tokens: int | None = None, sink: int = 0, impl: str = "auto",
+               checked: bool | None = None) -> DraftPlan:
     """Where a draft phase's tokens sit (docs/semantics.md 6.18): the draft-extend's rows and the
-    draft steps' positions, per lane.
+    draft steps' positions, per lane, and with the slot table the cache slots they write.
 
     q_lens [bs] int64: the lane's new tokens for the extend, in [0, width]; kv_lens [bs] int64 >= 0:
     its draft entries before them; finished [bs] bool: a finished lane runs nothing; width: the
     extend's columns (>= 1); num_steps: the draft steps' positions wanted (>= 1). Returns a
     `DraftPlan` of int64 tensors: q_lens (0 where finished), positions [bs, width] = kv_lens + 1 + j,
     last = max(q_lens - 1, 0), root = kv_lens + q_lens, ahead [bs, num_steps] = root + 1 + s, live
-    (1 / 0). checked: the value checks (q_lens in [0, width], kv_lens >= 0); None runs them on CPU
-    tensors only. Arguments are keyword-only.
+    (1 / 0). With req_to_token [R, C] (int32 / int64) and rows [bs] (int32 / int64, the lanes' rows
+    of it) also slots [bs, width]: extend token j's slot, req_to_token[rows[b], kv_lens[b] + j] for
+    j < q_lens (the plan's), `sink` for the others; and ahead_slots [bs, ahead_tokens] (default
+    num_steps): req_to_token[rows[b], root[b] + i] on a live lane, `sink` on a finished one (every
+    index clamped to C - 1, as `token_slots` reads); without them those two fields are None.
+    checked: the value checks (q_lens in [0, width], kv_lens >= 0; with the table rows inside it and
+    each live extend token inside its row); None runs them on CPU tensors only. Arguments are
+    keyword-only.
     """
     width = check_int("width", width, 1)
     num_steps = check_int("num_steps", num_steps, 1)
@@ -994,12 +1002,40 @@ def draft_plan(*, q_lens: torch.Tensor, kv_lens: torch.Tensor, finished: torch.T
     check_tensor("kv_lens", kv_lens, (bs,), torch.int64, device)
     _tensor("finished", finished, "[bs] bool")
     check_tensor("finished", finished, (bs,), torch.bool, device)
+    table = _plan_slot_table(req_to_token, rows, ahead_tokens, sink, bs, num_steps, device)
     if _value_checks(checked, device) and bs:
-        _raise_first([
+        checks = [
             ((q_lens < 0) | (q_lens > width), f"q_lens must lie in [0, width = {width}]"),
             (kv_lens < 0, "kv_lens must be >= 0"),
-        ])
-    return draft_plan_impl(q_lens, kv_lens, finished, width, num_steps, impl)
+        ]
+        if table is not None:
+            r, c = table.req_to_token.shape
+            checks += [((rows < 0) | (rows >= r), f"rows must be rows of req_to_token, in [0, {r})"),
+                       (~finished & (kv_lens + q_lens > c),
+                        f"kv_lens + q_lens must be <= C = {c} on a live lane (an extend token past its row)")]
+        _raise_first(checks)
+    return draft_plan_impl(q_lens, kv_lens, finished, width, num_steps, table, impl)
+
+
+def _plan_slot_table(req_to_token, rows, ahead_tokens, sink, bs: int, num_steps: int, device) -> SlotTable | None:
+    """`draft_plan`'s slot arguments checked: None without a table (and then none of the others)."""
+    if req_to_token is None:
+        given = [name for name, v in (("rows", rows), ("ahead_tokens", ahead_tokens)) if v is not None]
+        if not isinstance(sink, numbers.Integral) or isinstance(sink, bool) or sink != 0:
+            given.append("sink")
+        if given:
+            raise ValueError(f"{given[0]} is given without req_to_token: the plan reads no slots without the table")
+        return None
+    _index_tensor("req_to_token", req_to_token, 2, "[R, C]", device)
+    if req_to_token.shape[1] == 0:
+        raise ValueError(f"req_to_token must be [R, C] with C >= 1, got shape {tuple(req_to_token.shape)}")
+    if rows is None:
+        raise ValueError("rows must be given with req_to_token: the [bs] rows of the table the lanes read")
+    _index_tensor("rows", rows, 1, "[bs]", device)
+    if rows.shape != (bs,):
+        raise ValueError(f"rows must be [bs] = [{bs}] (one per lane of q_lens), got shape {tuple(rows.shape)}")
+    ahead_tokens = num_steps if ahead_tokens is None else _count("ahead_tokens", ahead_tokens, 0)
+    return SlotTable(req_to_token, rows, ahead_tokens, _count("sink", sink, 0))
 
 
 def commit_accepted_kv(*, kv: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,

@@ -26,6 +26,7 @@ from specverify.engine.speculative import SpecDecoder
 from specverify.engine import eagle_cycle, naive_cycle, target_only
 from specverify.conformance.registry import REGISTRY, run_impl
 from specverify.kernels import chain_verify, draft_plan, emit, fused_layers, kv_commit
+from specverify.models.kv_cache import SINK_SLOT
 from specverify.platform import get_profile
 from tests.support.cases import cached_models, ragged_prompts
 from tests.support.steering import steered_models
@@ -212,20 +213,23 @@ class LaneRecorder:
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
 
-    def _record(self, batch) -> None:
+    def _record(self, cache, batch) -> None:
         done = self.finished()
-        self.log.append((self.name, batch.rows.tolist(), batch.q_lens.tolist(), done[batch.rows].tolist()))
+        # The slots its tokens write: the batch's own (a draft phase's plan read them) or planned here.
+        slots = batch.new_slots(cache.table.req_to_token)
+        self.log.append((self.name, batch.rows.tolist(), batch.q_lens.tolist(), done[batch.rows].tolist(),
+                         slots.tolist()))
 
     def forward(self, cache, batch, *args, **kwargs):
-        self._record(batch)
+        self._record(cache, batch)
         return self.inner.forward(cache, batch, *args, **kwargs)
 
     def hidden_states(self, cache, batch, features):
-        self._record(batch)
+        self._record(cache, batch)
         return self.inner.hidden_states(cache, batch, features)
 
     def write_kv(self, cache, batch, features, *, context=None):
-        self._record(batch)
+        self._record(cache, batch)
         self.inner.write_kv(cache, batch, features, context=context)
 
 
@@ -261,12 +265,16 @@ def test_finished_lanes_run_nothing_and_live_lanes_extend_what_they_emitted(algo
                                      fused=fused)
 
     def check(when, entries):
-        for name, rows, q_lens, done in entries:
-            for row, q, stopped in zip(rows, q_lens, done):
+        for name, rows, q_lens, done, slots in entries:
+            for row, q, stopped, cells in zip(rows, q_lens, done, slots):
                 assert (q == 0) == stopped, (f"{algorithm}, {when}, {name} forward: a lane on row {row} ran {q} "
                                              f"tokens with its row {'finished' if stopped else 'live'}")
+                # What it writes: a cell of its row for each token it runs, the sink for the others.
+                assert [c != SINK_SLOT for c in cells] == [j < q for j in range(len(cells))], (
+                    f"{algorithm}, {when}, {name} forward: a lane on row {row} running {q} tokens writes the "
+                    f"slots {cells} (sink {SINK_SLOT})")
     dec.start(reqs)
-    assert reqs[0].finished and any(stopped for *_, done in log for stopped in done), "no lane stopped at its prefill"
+    assert reqs[0].finished and any(stopped for *_, done, _ in log for stopped in done), "no lane stopped at its prefill"
     # The prefill's target forward writes the rows' state (a row is finished until its prefill): its
     # draft-extend runs after, on the state it wrote.
     check("prefill", [entry for entry in log if entry[0] != "target"])
@@ -287,3 +295,32 @@ def test_finished_lanes_run_nothing_and_live_lanes_extend_what_they_emitted(algo
                                    f"took {req.accept_lengths[-1]}")
     assert cycles > 3 and extends > 3, "the run was too short to say anything"
     assert all(r.finished for r in reqs)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree", "naive", "mtp", "dflash"])
+def test_a_draft_phase_reads_its_slots_once_in_its_plan(algorithm, monkeypatch):
+    """6.18: the draft plan reads the slots of the draft-extend and of the S cells after the root,
+    so a cycle's forwards plan slots (`token_slots`: one kernel each on a GPU) only for its verify
+    and for a tree's steps (k beams a step, their own region): a chain, MTP's heads, DFlash's block
+    and naive EAGLE's extend plan none. What they write is the test above's."""
+    from specverify.models import layers
+    spec, models, prompts, _ = _case(algorithm, 5, [9, 12, 7])
+    planned = []
+    real = layers.token_slots_impl
+
+    def counted(*args, **kwargs):
+        planned.append(args[4])                  # num_tokens: who planned (the verify's D, a step's k)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(layers, "token_slots_impl", counted)
+    dec = SpecDecoder(models, spec, SamplingParams(), seed=0, eos_token_id=None, pad_batches=True)
+    dec.start(new_requests(prompts, [9, 12, 7]))
+    cycles = 0
+    while dec.running():
+        planned.clear()
+        dec.step()
+        cycles += 1
+        steps = spec.num_steps - 1 if spec.topk > 1 else 0
+        assert len(planned) == 1 + steps, (f"{algorithm}, cycle {cycles}: {len(planned)} forwards planned their own "
+                                           f"slots (tokens {planned}), want the verify's{' and the tree steps' if steps else ''}")
+    assert cycles > 2

@@ -63,7 +63,7 @@ class MtpCycle(EagleCycle):
         for step in range(1, self.S):
             # Head `step` runs d_step at position n + step, written at draft index n of its layer.
             batch = Batch(token, plan.ahead[:, step - 1:step], rows, plan.root, plan.live, sees_itself, no_parent, 0,
-                          req_ids=req_ids)
+                          req_ids=req_ids, slots=plan.ahead_slots[:, :1])
             out = heads[step].forward(self.cache, batch, hidden)
             token = self._top1(out.logits[:, 0], out.scale[:, 0], (kept[:, step], rows))
             hidden = out.hidden
@@ -88,7 +88,7 @@ class DFlashCycle(EagleCycle):
         bidirectional = torch.ones((bs, s, s), dtype=torch.bool, device=tokens.device)
         # The block rows at positions n + 1 .. n + S, after the root's prefix n.
         block = Batch(mask_ids, plan.ahead, rows, plan.root, plan.live * s,
-                      bidirectional, torch.full_like(mask_ids, -1), 0, req_ids=req_ids)
+                      bidirectional, torch.full_like(mask_ids, -1), 0, req_ids=req_ids, slots=plan.ahead_slots)
         out = head.forward(self.cache, block, root_hidden[:, None, :].expand(-1, s, -1))
         index = ops.draft_token(out.logits.reshape(bs * s, -1), self.profile, out.scale.reshape(bs * s, 1))
         self.state.kept_tokens[rows] = index.view(bs, s)

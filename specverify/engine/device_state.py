@@ -58,14 +58,15 @@ def graphs_allowed(models, wanted: bool, profile, pad_batches: bool) -> bool:
 
 
 def extend_batch(rows: torch.Tensor, kv_lens: torch.Tensor, tokens: torch.Tensor, q_lens: torch.Tensor,
-                 req_ids: torch.Tensor, positions: torch.Tensor | None = None) -> Batch:
+                 req_ids: torch.Tensor, positions: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> Batch:
     """A chain of q_lens[b] new tokens per lane appended after kv_lens[b] cached ones, token j at
-    position kv_lens[b] + j unless `positions` [bs, q] says otherwise (a draft-extend's, 6.18)."""
+    position kv_lens[b] + j unless `positions` [bs, q] says otherwise (a draft-extend's, 6.18);
+    slots: their cache slots when the caller read them already (the draft plan's)."""
     bs, q = tokens.shape
     mask, parents = chain_mask(bs, q, tokens.device)
     if positions is None:
         positions = kv_lens[:, None] + chain_offsets(q, tokens.device)[None, :]
-    return Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, req_ids=req_ids)
+    return Batch(tokens, positions, rows, kv_lens, q_lens, mask, parents, req_ids=req_ids, slots=slots)
 
 
 class Readback:

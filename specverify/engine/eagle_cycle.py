@@ -106,10 +106,14 @@ class EagleCycle:
     def _extend(self, rows, tokens, q_lens, kv_lens, req_ids, finished) -> tuple[DraftPlan, Batch]:
         """The draft phase's plan (6.18) and its draft-extend: x_t at draft index t - 1, position t,
         the root (the last live token) at plan.root; finished lanes run no token. Every draft of
-        the family (EAGLE, MTP, DFlash; the cycle's and the prefill's) starts here."""
+        the family (EAGLE, MTP, DFlash; the cycle's and the prefill's) starts here. The plan also
+        reads the extend's slots and the S after the root (a chain step's, an MTP head's, the
+        DFlash block's), so those forwards plan no slots of their own."""
         plan = draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1],
-                          num_steps=self.S, checked=self.checked)
-        return plan, extend_batch(rows, kv_lens, tokens, plan.q_lens, req_ids, positions=plan.positions)
+                          num_steps=self.S, req_to_token=self.cache.table.req_to_token, rows=rows, sink=SINK_SLOT,
+                          checked=self.checked)
+        return plan, extend_batch(rows, kv_lens, tokens, plan.q_lens, req_ids, positions=plan.positions,
+                                  slots=plan.slots)
 
     def _draft_chain(self, rows, out, plan, req_ids) -> None:
         """The search with topk 1: a chain. Each step's one beam is the argmax child of the last
@@ -123,7 +127,7 @@ class EagleCycle:
         for step in range(1, self.S):
             seen, no_parent = lone_query_mask(bs, step, rows.device)
             dbatch = Batch(token, plan.ahead[:, step - 1:step], rows, plan.root, plan.live, seen, no_parent, step - 1,
-                           req_ids=req_ids)
+                           req_ids=req_ids, slots=plan.ahead_slots[:, step - 1:step])
             dout = head.forward(self.cache, dbatch, hidden)
             token = draft_token(dout.logits[:, 0], self.profile, dout.scale[:, 0], (kept[:, step], rows))
             hidden = dout.hidden

@@ -46,6 +46,7 @@ from specverify.engine.uniforms import counter_uniforms
 from specverify.kernels.tree import chain_tree_of
 from specverify.kernels.verify import inverse_cdf, target_predict, verify_greedy, verify_naive
 from specverify.models import Batch, ModelCache, Models
+from specverify.models.kv_cache import SINK_SLOT
 from specverify.models.layers import chain_offsets
 from specverify.ops import (accepted_tokens, chain_verify_rows, create_draft_kv_indices, draft_plan, draft_token,
                             emit_tokens)
@@ -87,8 +88,9 @@ class NaiveCycle:
         st = self.state
         # x_t sits at draft index t - 1, position t (6.18: the EAGLE draft-extend's plan, one kernel).
         plan = draft_plan(q_lens=q_lens, kv_lens=kv_lens, finished=finished, width=tokens.shape[1], num_steps=1,
+                          req_to_token=self.cache.table.req_to_token, rows=rows, ahead_tokens=0, sink=SINK_SLOT,
                           checked=False)
-        batch = extend_batch(rows, kv_lens, tokens, plan.q_lens, req_ids, positions=plan.positions)
+        batch = extend_batch(rows, kv_lens, tokens, plan.q_lens, req_ids, positions=plan.positions, slots=plan.slots)
         out = self.models.draft.forward(self.cache, batch, feats, at=last)     # row last[b] only
         logits, scale = out.logits[:, 0], out.scale[:, 0]           # [bs, V], [bs, 1]
         if self.mode == "exact":

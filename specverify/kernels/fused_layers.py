@@ -117,7 +117,7 @@ def add_rmsnorm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
 @triton.jit
 def _rotary_kv_write_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
                             num_q_heads, num_kv_heads, table_rows,
-                            s_xt, s_xh, s_pos, s_cs, s_qt, s_qh, s_ks, s_kh, s_vs, s_vh,
+                            s_xt, s_xh, s_pos, s_slot, s_cs, s_qt, s_qh, s_ks, s_kh, s_vs, s_vh,
                             HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)       # a long prefill's tokens x stride may pass 2**31
     heads = tl.arange(0, BLOCK_HEADS)
@@ -125,7 +125,7 @@ def _rotary_kv_write_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr,
     total = num_q_heads + 2 * num_kv_heads
     live = heads < total
     pos = tl.minimum(tl.maximum(tl.load(pos_ptr + t * s_pos), 0), table_rows - 1)     # read clamped to the tables
-    slot = tl.load(slot_ptr + t)
+    slot = tl.load(slot_ptr + t * s_slot)
     cos = tl.load(cos_ptr + pos * s_cs + d).to(tl.float32)[None, :]
     sin = tl.load(sin_ptr + pos * s_cs + d).to(tl.float32)[None, :]
     base = qkv_ptr + t * s_xt + heads[:, None] * s_xh + d[None, :]
@@ -176,12 +176,11 @@ def rotary_kv_write_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
     if t == 0:
         return q
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
-    slots = slots.contiguous()      # positions are read through their stride
     if cos.stride(-1) != 1 or sin.stride(-1) != 1 or cos.stride(0) != sin.stride(0):
         cos, sin = cos.contiguous(), sin.contiguous()
     _rotary_kv_write_kernel[(t,)](
         qkv, positions, cos, sin, slots, q, k_cache, v_cache, num_q_heads, nkv, cos.shape[0],
-        qkv.stride(0), qkv.stride(1), positions.stride(0), cos.stride(0), q.stride(0), q.stride(1),
+        qkv.stride(0), qkv.stride(1), positions.stride(0), slots.stride(0), cos.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         HALF=dim // 2, BLOCK_HEADS=triton.next_power_of_2(heads))
     return q

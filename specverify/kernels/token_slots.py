@@ -19,7 +19,7 @@ from specverify.kernels.launch import check_launchable, pick_impl
 TOKEN_BLOCK = 256     # tokens per program: a decode step's few in one, a long prefill's over several
 
 
-def _token_slots_torch(req_to_token, rows, kv_lens, q_lens, num_tokens: int, region: int, sink: int):
+def token_slots_torch(req_to_token, rows, kv_lens, q_lens, num_tokens: int, region: int, sink: int):
     t = torch.arange(num_tokens, device=req_to_token.device)[None, :]
     idx = (kv_lens[:, None] + region + t).clamp(max=req_to_token.shape[1] - 1)
     slots = req_to_token[rows[:, None], idx]
@@ -45,7 +45,7 @@ def token_slots_impl(req_to_token: torch.Tensor, rows: torch.Tensor, kv_lens: to
                      num_tokens: int, region: int, sink: int, impl: str = "auto", block_q: int | None = None) -> torch.Tensor:
     """[bs, num_tokens] int64 (no argument checks: `ops.token_slots` checks)."""
     if pick_impl(impl, req_to_token.device) == "torch":
-        return _token_slots_torch(req_to_token, rows, kv_lens, q_lens, num_tokens, region, sink)
+        return token_slots_torch(req_to_token, rows, kv_lens, q_lens, num_tokens, region, sink)
     check_launchable(_token_slots_kernel, req_to_token.device)
     bs = rows.shape[0]
     out = torch.empty((bs, num_tokens), dtype=torch.int64, device=req_to_token.device)

@@ -107,6 +107,8 @@ class Batch:
     # (kv_indptr [bs*q + 1], kv_indices): when set, query token (b, j) is a decode query over the
     # slots kv_indices[kv_indptr[b*q + j] : kv_indptr[b*q + j + 1]] (its own slot included), in
     # place of the prefix + tree-mask rule (naive EAGLE's verify, ops.create_draft_kv_indices).
+    slots: torch.Tensor | None = None   # [bs, q] int64 the slots `new_slots` gives, when the caller
+                                        # read them already (a draft phase's plan, ops.draft_plan)
 
     @property
     def live(self) -> torch.Tensor:
@@ -116,7 +118,9 @@ class Batch:
 
     def new_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
         """[bs, q] token slots the new tokens write to; padding lanes write to the sink
-        (`ops.token_slots`: one kernel on a GPU)."""
+        (`ops.token_slots`: one kernel on a GPU, none when the batch carries them)."""
+        if self.slots is not None:
+            return self.slots
         return token_slots_impl(req_to_token, self.rows, self.kv_lens, self.q_lens, self.input_ids.shape[1],
                                 self.region, SINK_SLOT)
 

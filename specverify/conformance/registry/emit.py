@@ -416,6 +416,119 @@ def _plan_errors(which: str):
 PLAN_COMPARE = {k: EXACT for k in PLAN_FIELDS}
 
 
+# draft_plan with the slot table: the same plan and the slots its tokens write (6.18, 6.14's rule)
+SLOT_FIELDS = PLAN_FIELDS + ("slots", "ahead_slots")
+PLAN_FIELDS_IN = ("q_lens", "kv_lens", "finished", "width", "num_steps")     # draft_plan's arguments without a table
+
+
+def _plan_slots_sample(name, seed, *, bs, width, num_steps, context, ahead_tokens=None, sink=0, finished=None,
+                       index_dtype=torch.int64, reused_row=False, overhang=False, strided=False) -> SampleInput:
+    """A table of bs + 1 rows x context cells of distinct random slots (0 never mapped, the sink
+    apart), the lanes' rows a permutation of its rows (reused_row: the last lane reads the first
+    lane's row), q_lens in [0, width] and kv_lens with every live extend token inside its row; the
+    steps after the root run past the row where the row is short (overhang: every live lane's
+    extend ends at its row end, so every step index is clamped). strided: the table every other
+    column of a wider one and the per-lane inputs columns of their own widths."""
+    gen = torch.Generator().manual_seed(seed)
+    table = (torch.randperm((bs + 1) * context, generator=gen) + 1).view(bs + 1, context)
+    rows = torch.randperm(bs + 1, generator=gen)[:bs]
+    if reused_row and bs > 1:
+        rows[-1] = rows[0]
+    q = torch.randint(0, min(width, context) + 1, (bs,), generator=gen)
+    room = context - q
+    kv = room if overhang else torch.randint(0, 2**20, (bs,), generator=gen) % (room + 1)
+    done = (torch.randint(0, 3, (bs,), generator=gen) == 0) if finished is None else torch.tensor(finished, dtype=torch.bool)
+    table, rows = table.to(index_dtype), rows.to(index_dtype)
+    if strided:
+        table, rows, q, kv, done = _columns(table), _strided(rows, 4), _strided(q, 3), _strided(kv, 2), _strided(done, 5)
+    args = {"q_lens": q, "kv_lens": kv, "finished": done, "width": width, "num_steps": num_steps,
+            "req_to_token": table, "rows": rows, "sink": sink}
+    if ahead_tokens is not None:
+        args["ahead_tokens"] = ahead_tokens
+    return SampleInput(f"{name}-bs{bs}-q{width}-S{num_steps}-C{context}", args, seed)
+
+
+def _plan_slots_samples(dtype: str, seed: int):
+    yield _plan_slots_sample("empty-batch", seed, bs=0, width=4, num_steps=3, context=8)
+    yield _plan_slots_sample("random-lanes", seed + 1, bs=6, width=4, num_steps=3, context=24)
+    yield _plan_slots_sample("sink-and-finished-lanes", seed + 2, bs=5, width=4, num_steps=3, context=20, sink=7,
+                             finished=(True, False, True, False, False))
+    yield _plan_slots_sample("boundary-steps-past-the-row", seed + 3, bs=4, width=3, num_steps=4, context=9,
+                             overhang=True, finished=(False, False, True, False))
+    yield _plan_slots_sample("int32-table-reused-row", seed + 4, bs=4, width=5, num_steps=2, context=16,
+                             index_dtype=torch.int32, reused_row=True, finished=(False,) * 4)
+    yield _plan_slots_sample("tree-ahead-tokens", seed + 5, bs=3, width=4, num_steps=3, context=40, ahead_tokens=12)
+    yield _plan_slots_sample("no-ahead-tokens", seed + 6, bs=3, width=2, num_steps=1, context=6, ahead_tokens=0)
+    yield _plan_slots_sample("strided-inputs", seed + 7, bs=5, width=6, num_steps=5, context=30, strided=True)
+    yield _plan_slots_sample("wide-extend-one-row", seed + 8, bs=2, width=64, num_steps=9, context=70)
+
+
+def _plan_slots_recipe(dtype: str):
+    from hypothesis import strategies as st
+
+    def build(t):
+        seed, bs, width, steps, context, ahead, sink, int32, reused, overhang, strided = t
+        return _plan_slots_sample("hyp", seed, bs=bs, width=width, num_steps=steps, context=context, ahead_tokens=ahead,
+                                  sink=sink, index_dtype=torch.int32 if int32 else torch.int64, reused_row=reused,
+                                  overhang=overhang, strided=strided)
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(1, 9), st.integers(1, 6), st.integers(1, 40),
+                     st.one_of(st.none(), st.integers(0, 12)), st.integers(0, 3), st.booleans(), st.booleans(),
+                     st.booleans(), st.booleans()).map(build)
+
+
+def _plan_slots_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        plan = ops.draft_plan(**s.args, impl=which)
+        out = dict(zip(SLOT_FIELDS, plan))
+        for name, t in out.items():
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or not t.is_contiguous():
+                raise AssertionError(f"draft_plan with a slot table must return {name} as a contiguous torch.int64 "
+                                     f"tensor, got {type(t).__name__} {getattr(t, 'dtype', '')}")
+        return out
+    return impl
+
+
+def _plan_slots_ref(s: SampleInput) -> dict:
+    out = reference.draft_plan(**{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in s.args.items()})
+    a = s.args
+    bs = a["q_lens"].shape[0]
+    shapes = {"positions": (bs, a["width"]), "ahead": (bs, a["num_steps"]), "slots": (bs, a["width"]),
+              "ahead_slots": (bs, a.get("ahead_tokens", a["num_steps"]))}
+    return {k: torch.tensor(v, dtype=torch.int64).view(shapes.get(k, (bs,))) for k, v in out.items()}
+
+
+def _plan_slots_errors(which: str):
+    base = _plan_slots_sample("base", 0, bs=3, width=4, num_steps=3, context=10, finished=(False, True, False)).args
+    plain = {k: base[k] for k in PLAN_FIELDS_IN}
+
+    def call(**changes):
+        return lambda: ops.draft_plan(**{**base, "impl": which, **changes})
+    table, rows = base["req_to_token"], base["rows"]
+    yield ErrorInput("rows-without-table", lambda: ops.draft_plan(**plain, rows=rows, impl=which), ValueError,
+                     "rows is given without req_to_token", "rows")
+    yield ErrorInput("ahead-tokens-without-table", lambda: ops.draft_plan(**plain, ahead_tokens=2, impl=which),
+                     ValueError, "ahead_tokens is given without req_to_token", "ahead_tokens")
+    yield ErrorInput("sink-without-table", lambda: ops.draft_plan(**plain, sink=3, impl=which), ValueError,
+                     "sink is given without req_to_token", "sink")
+    yield ErrorInput("table-without-rows", call(rows=None), ValueError, "rows must be given with req_to_token", "rows")
+    yield ErrorInput("table-1d", call(req_to_token=table[0]), ValueError, "req_to_token must be 2-D", "req_to_token")
+    yield ErrorInput("table-float", call(req_to_token=table.float()), ValueError,
+                     "req_to_token must be int32 or int64", "req_to_token")
+    yield ErrorInput("table-no-cells", call(req_to_token=table[:, :0]), ValueError, "C >= 1", "req_to_token")
+    yield ErrorInput("rows-short", call(rows=rows[:2]), ValueError, r"rows must be \[bs\] = \[3\]", "rows")
+    yield ErrorInput("rows-bool", call(rows=rows.bool()), ValueError, "rows must be int32 or int64", "rows")
+    yield ErrorInput("row-past-table", call(rows=torch.tensor([0, 1, 4])), ValueError,
+                     r"rows must be rows of req_to_token, in \[0, 4\)", "rows")
+    yield ErrorInput("live-extend-past-row", call(kv_lens=torch.tensor([8, 0, 0]), q_lens=torch.tensor([3, 0, 1])),
+                     ValueError, "an extend token past its row", "kv_lens")
+    yield ErrorInput("ahead-tokens-negative", call(ahead_tokens=-1), ValueError, "ahead_tokens must be an int >= 0",
+                     "ahead_tokens")
+    yield ErrorInput("sink-float", call(sink=0.0), TypeError, "sink must be an int >= 0", "sink")
+
+
+SLOTS_COMPARE = {k: EXACT for k in SLOT_FIELDS}
+
+
 CHAIN_FIELDS = ("tokens", "positions", "seq_lens", "req_ids", "live", "q_lens")
 
 
@@ -541,6 +654,8 @@ RECORDS = (
     *_twins("accepted_tokens", _accepted_impl, _accepted_ref, _accepted_samples, _accepted_recipe, _accepted_errors,
             ACCEPTED_COMPARE),
     *_twins("draft_plan", _plan_impl, _plan_ref, _plan_samples, _plan_recipe, _plan_errors, PLAN_COMPARE),
+    *_twins("draft_plan_slots", _plan_slots_impl, _plan_slots_ref, _plan_slots_samples, _plan_slots_recipe,
+            _plan_slots_errors, SLOTS_COMPARE),
     *_twins("chain_verify_rows", _chain_impl, _chain_ref, _chain_samples, _chain_recipe, _chain_errors,
             CHAIN_COMPARE),
 )

@@ -315,7 +315,9 @@ def _nm_errors(which: str):
 # rotary_kv_write: rotate-half RoPE of the query and key heads; keys and values to their slots
 
 def _rkv_sample(name, seed, dtype, *, tokens, q_heads, kv_heads, dim, positions=9, slots=None, num_slots=None,
-                kind="plain", table_dtype="float64", index_dtype=torch.int64) -> SampleInput:
+                kind="plain", table_dtype="float64", index_dtype=torch.int64, strided=False) -> SampleInput:
+    """strided: positions and slots each a column of a wider tensor, with strides of their own (a
+    draft step's slots are a column of its plan's)."""
     gen = torch.Generator().manual_seed(seed)
     t = _torch_dtype(dtype)
     heads = q_heads + 2 * kv_heads
@@ -335,6 +337,11 @@ def _rkv_sample(name, seed, dtype, *, tokens, q_heads, kv_heads, dim, positions=
             "slots": torch.tensor(slots, dtype=index_dtype), "num_q_heads": q_heads}
     if kind == "boundary-positions":
         args["positions"][:] = torch.tensor([0, positions - 1] * tokens)[:tokens].to(index_dtype)
+    if strided:
+        for key, width in (("positions", 2), ("slots", 3)):
+            wide = torch.zeros((tokens, width), dtype=index_dtype)
+            wide[:, 0] = args[key]
+            args[key] = wide[:, 0]
     return SampleInput(name, args, seed)
 
 
@@ -375,6 +382,7 @@ def _rkv_samples(small: bool):
         yield one("float32-tables-int32-indices", 8, tokens=3, q_heads=2, kv_heads=1, dim=8, table_dtype="float32",
                   index_dtype=torch.int32)
         yield one("slots-out-of-order", 9, tokens=3, q_heads=1, kv_heads=1, dim=4, slots=[5, 1, 3], num_slots=6)
+        yield one("strided-positions-and-slots", 11, tokens=4, q_heads=2, kv_heads=1, dim=8, num_slots=9, strided=True)
         if not small:
             yield one("large-heads", 10, tokens=7, q_heads=8, kv_heads=4, dim=64, positions=40)
     return samples
