@@ -90,12 +90,16 @@ def draft_plan(*, q_lens, kv_lens, finished, width, num_steps, req_to_token=None
     return out
 
 
-def chain_verify_rows(*, rows, seq_len, pending, finished, req_id, drafts) -> dict:
+def chain_verify_rows(*, rows, seq_len, pending, finished, req_id, drafts, req_to_token=None, sink=0) -> dict:
     """The chain each lane verifies (6.19), read from its request row r: the root (the row's
     pending token) then the row's drafts, node j at position seq_len[r] + j, all of them live
     unless the request finished. -> {"tokens", "positions", "seq_lens", "req_ids", "live",
-    "q_lens"} as lists."""
+    "q_lens"} as lists; with the slot table req_to_token also "slots": node j's cell of row r at
+    cache index seq_len[r] + j (the row's last cell past its end) on a live lane, `sink` on a
+    finished one."""
     out = {"tokens": [], "positions": [], "seq_lens": [], "req_ids": [], "live": [], "q_lens": []}
+    if req_to_token is not None:
+        out["slots"] = []
     for r in rows:
         chain = [pending[r]] + list(drafts[r])
         alive = not finished[r]
@@ -105,4 +109,8 @@ def chain_verify_rows(*, rows, seq_len, pending, finished, req_id, drafts) -> di
         out["req_ids"].append(req_id[r])
         out["live"].append(alive)
         out["q_lens"].append(len(chain) if alive else 0)
+        if req_to_token is not None:
+            cells = list(req_to_token[r])
+            out["slots"].append([int(cells[min(seq_len[r] + j, len(cells) - 1)]) if alive else sink
+                                 for j in range(len(chain))])
     return out

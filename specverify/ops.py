@@ -939,16 +939,20 @@ def accepted_tokens(*, tree_tokens: torch.Tensor, accept: torch.Tensor, num_corr
 
 
 def chain_verify_rows(*, rows: torch.Tensor, seq_len: torch.Tensor, pending: torch.Tensor, finished: torch.Tensor,
-                      req_id: torch.Tensor, drafts: torch.Tensor, impl: str = "auto",
-                      checked: bool | None = None) -> ChainRows:
+                      req_id: torch.Tensor, drafts: torch.Tensor, req_to_token: torch.Tensor | None = None,
+                      sink: int = 0, impl: str = "auto", checked: bool | None = None) -> ChainRows:
     """The rows a chain cycle verifies (docs/semantics.md 6.19), read from each lane's request row.
 
     rows [bs] int32 / int64: each lane's row of the request state; seq_len, pending, req_id [R]
     int64 and finished [R] bool: the state's vectors; drafts [R, S] int64: each row's draft chain.
     Returns a `ChainRows`: tokens [bs, S + 1] (the pending root, then the drafts), positions
     [bs, S + 1] = seq_len + j, seq_lens, req_ids, live (not finished) and q_lens (S + 1 on a live
-    lane, else 0), read at rows[b]. checked: the value check (rows inside the state); None runs it
-    on CPU tensors only. Arguments are keyword-only.
+    lane, else 0), read at rows[b]; with the slot table req_to_token [R', C] (int32 / int64, the
+    lanes' rows of it the state's rows) also slots [bs, S + 1]: node j's slot req_to_token[rows[b], seq_len + j] (the index
+    clamped to C - 1) on a live lane, `sink` on a finished one; without it slots is None (and sink
+    must stay 0). checked: the value checks (rows inside the state; with the table, inside the
+    table too and each live lane's S + 1 nodes inside its row); None runs them on CPU tensors only. Arguments are
+    keyword-only.
     """
     _index_tensor("rows", rows, 1, "[bs]", None)
     device = rows.device
@@ -964,9 +968,29 @@ def chain_verify_rows(*, rows: torch.Tensor, seq_len: torch.Tensor, pending: tor
     if drafts.dim() != 2 or drafts.shape[0] != r:
         raise ValueError(f"drafts must be [R, S] = [{r}, S] (one chain per state row), got shape {tuple(drafts.shape)}")
     check_tensor("drafts", drafts, tuple(drafts.shape), torch.int64, device)
+    table = _chain_slot_table(req_to_token, sink, device)
     if _value_checks(checked, device) and rows.numel():
-        _raise_first([((rows < 0) | (rows >= r), f"rows must be rows of the request state, in [0, {r})")])
-    return chain_verify_rows_impl(rows, seq_len, pending, finished, req_id, drafts, impl)
+        checks = [((rows < 0) | (rows >= r), f"rows must be rows of the request state, in [0, {r})")]
+        if table is not None:
+            (t_rows, c), d = req_to_token.shape, drafts.shape[1] + 1
+            lane_rows = rows.clamp(0, r - 1).long()
+            checks += [((rows < 0) | (rows >= t_rows), f"rows must be rows of req_to_token, in [0, {t_rows})"),
+                       (~finished[lane_rows] & (seq_len[lane_rows] + d > c),
+                        f"seq_len + S + 1 must be <= C = {c} on a live lane (a verified node past its row)")]
+        _raise_first(checks)
+    return chain_verify_rows_impl(rows, seq_len, pending, finished, req_id, drafts, table, impl)
+
+
+def _chain_slot_table(req_to_token, sink, device) -> tuple[torch.Tensor, int] | None:
+    """`chain_verify_rows`' slot arguments checked: None without a table (sink then left at 0)."""
+    if req_to_token is None:
+        if isinstance(sink, bool) or not isinstance(sink, numbers.Integral) or sink != 0:
+            raise ValueError("sink is given without req_to_token: the chain reads no slots without the table")
+        return None
+    _index_tensor("req_to_token", req_to_token, 2, "[R, C]", device)
+    if req_to_token.shape[1] == 0:
+        raise ValueError(f"req_to_token must be [R, C] with C >= 1, got shape {tuple(req_to_token.shape)}")
+    return req_to_token, _count("sink", sink, 0)
 
 
 def draft_plan(*, q_lens: torch.Tensor, kv_lens: torch.Tensor, finished: torch.Tensor, width: int, num_steps: int,

@@ -300,10 +300,11 @@ def test_finished_lanes_run_nothing_and_live_lanes_extend_what_they_emitted(algo
 @pytest.mark.e2e
 @pytest.mark.parametrize("algorithm", ["eagle-chain", "eagle-tree", "naive", "mtp", "dflash"])
 def test_a_draft_phase_reads_its_slots_once_in_its_plan(algorithm, monkeypatch):
-    """6.18: the draft plan reads the slots of the draft-extend and of the S cells after the root,
-    so a cycle's forwards plan slots (`token_slots`: one kernel each on a GPU) only for its verify
-    and for a tree's steps (k beams a step, their own region): a chain, MTP's heads, DFlash's block
-    and naive EAGLE's extend plan none. What they write is the test above's."""
+    """6.18 / 6.19: the draft plan reads the slots of the draft-extend and of the S cells after the
+    root, and a chain's verify rows the slots of its nodes, so a chain cycle's forwards (the
+    verify, the extend, the chain steps, MTP's heads, DFlash's block, naive EAGLE's) plan no slots
+    of their own (`token_slots`: one kernel each on a GPU); a tree's verify and its steps (k beams a
+    step, their own region) still do. What they write is the test above's."""
     from specverify.models import layers
     spec, models, prompts, _ = _case(algorithm, 5, [9, 12, 7])
     planned = []
@@ -320,7 +321,7 @@ def test_a_draft_phase_reads_its_slots_once_in_its_plan(algorithm, monkeypatch):
         planned.clear()
         dec.step()
         cycles += 1
-        steps = spec.num_steps - 1 if spec.topk > 1 else 0
-        assert len(planned) == 1 + steps, (f"{algorithm}, cycle {cycles}: {len(planned)} forwards planned their own "
-                                           f"slots (tokens {planned}), want the verify's{' and the tree steps' if steps else ''}")
+        want = spec.num_steps if spec.topk > 1 else 0              # a tree's verify and its S - 1 steps
+        assert len(planned) == want, (f"{algorithm}, cycle {cycles}: {len(planned)} forwards planned their own "
+                                      f"slots (tokens {planned}), want {want}")
     assert cycles > 2

@@ -138,17 +138,22 @@ class EagleCycle:
         rows = inp["rows"]
         if self.k == 1:
             # A chain: its rows read off the state in one op (6.19), its shared fields kept views.
+            # With the slots its nodes write (6.19): the verify forward plans none of its own.
             chain = chain_verify_rows(rows=rows, seq_len=rs.seq_len, pending=rs.pending, finished=rs.finished,
-                                      req_id=rs.req_id, drafts=st.kept_tokens, checked=self.checked)
+                                      req_id=rs.req_id, drafts=st.kept_tokens, req_to_token=self.cache.table.req_to_token,
+                                      sink=SINK_SLOT, checked=self.checked)
             n, req_ids, live, q_lens = chain.seq_lens, chain.req_ids, chain.live, chain.q_lens
             tree = chain_tree_of(chain.tokens, chain.positions)
+            slots = chain.slots
         else:
             live = ~rs.finished[rows]
             n, req_ids, roots = rs.seq_len[rows], rs.req_id[rows], rs.pending[rows]
             tree = build_tree(roots, st.kept_flat[rows], st.kept_tokens[rows], st.beam_flat[rows], n, topk=self.k,
                               num_steps=self.S, checked=self.checked)
             q_lens = torch.where(live, self.D, 0)
-        batch = Batch(tree.tokens, tree.positions, rows, n, q_lens, tree.mask, tree.parents, req_ids=req_ids)
+            slots = None                              # the verify forward plans them
+        batch = Batch(tree.tokens, tree.positions, rows, n, q_lens, tree.mask, tree.parents, req_ids=req_ids,
+                      slots=slots)
         out = self.models.target.forward(self.cache, batch, commit_state=False)
         accept, num_correct, bonus = self._accept(tree, out, rows, req_ids, n)
 

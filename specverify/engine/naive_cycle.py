@@ -115,17 +115,18 @@ class NaiveCycle:
         rows = inp["rows"]
         bs = rows.shape[0]
         # [root, d] read off the request rows in one op (6.19: a chain of one draft).
+        table = self.cache.table.req_to_token
         chain = chain_verify_rows(rows=rows, seq_len=rs.seq_len, pending=rs.pending, finished=rs.finished,
-                                  req_id=rs.req_id, drafts=st.draft[:, None], checked=False)
+                                  req_id=rs.req_id, drafts=st.draft[:, None], req_to_token=table, sink=SINK_SLOT,
+                                  checked=False)
         n, req_ids, live, tokens = chain.seq_lens, chain.req_ids, chain.live, chain.tokens
         tree = chain_tree_of(tokens, chain.positions)
-        table = self.cache.table.req_to_token
         kv_indptr = torch.empty(2 * bs + 1, dtype=torch.int64, device=rows.device)
         kv_indices = torch.empty(bs * (2 * table.shape[1] + 3), dtype=torch.int64, device=rows.device)
         index_list = create_draft_kv_indices(req_to_token=table, rows=rows, seq_lens=n, kv_indptr=kv_indptr,
                                              kv_indices=kv_indices, checked=False)
         batch = Batch(tokens, chain.positions, rows, n, chain.q_lens, tree.mask, tree.parents, req_ids=req_ids,
-                      kv_index_list=index_list)
+                      kv_index_list=index_list, slots=chain.slots)
         out = self.models.target.forward(self.cache, batch, commit_state=False)
         accept, num_correct, bonus = self._accept(out, rows, tree, n, req_ids)
         # [e0, e1]: the draft then the bonus after an accepted draft, the bonus then 0 after a

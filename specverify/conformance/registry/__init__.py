@@ -28,7 +28,7 @@ ORDER = ("select_draft_topk", "select_draft_topk_triton", "draft_tree", "draft_t
          "rotary_kv_write_triton", "silu_mul", "silu_mul_triton", "norm_matmul", "norm_matmul_triton", "embed_concat",
          "embed_concat_triton", "emit_tokens", "emit_tokens_triton", "accepted_tokens",
          "accepted_tokens_triton", "draft_plan", "draft_plan_triton", "draft_plan_slots", "draft_plan_slots_triton",
-         "chain_verify_rows", "chain_verify_rows_triton")
+         "chain_verify_rows", "chain_verify_rows_triton", "chain_verify_rows_slots", "chain_verify_rows_slots_triton")
 
 
 def _assemble() -> dict[str, OpSpec]:

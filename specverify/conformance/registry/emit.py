@@ -638,6 +638,103 @@ def _chain_errors(which: str):
 CHAIN_COMPARE = {k: EXACT for k in CHAIN_FIELDS}
 
 
+# chain_verify_rows with the slot table: the same rows and the cache slots the verify's nodes write
+CHAIN_SLOT_FIELDS = CHAIN_FIELDS + ("slots",)
+
+
+def _chain_slots_sample(name, seed, *, bs, rows_total, steps, context, sink=0, table_dtype=torch.int64,
+                        overhang=False, strided=False, **kw) -> SampleInput:
+    """`_chain_sample`'s lanes with a slot table of rows_total (+ 1 spare) rows x context cells of
+    distinct random slots (0 never mapped, the sink apart) and seq_lens with every live lane's
+    nodes inside its row (overhang: a finished row's run past it, where only the sink is written;
+    pad-row lanes are finished). strided: the table every other column of a wider one, too."""
+    gen = torch.Generator().manual_seed(seed + 7919)
+    d = steps + 1
+    seq_lens = torch.randint(0, max(context - d, 0) + 1, (rows_total,), generator=gen)
+    sample = _chain_sample(name, seed, bs=bs, rows_total=rows_total, steps=steps, seq_lens=seq_lens.tolist(),
+                           strided=strided, **kw)
+    a = dict(sample.args)
+    if overhang:         # the finished rows' nodes would run past the row: only the sink may be written
+        a["seq_len"] = torch.where(a["finished"], context - 1, a["seq_len"])
+    table = (torch.randperm((rows_total + 1) * context, generator=gen) + 1).view(rows_total + 1, context)
+    table = table.to(table_dtype)
+    a["req_to_token"] = _columns(table) if strided else table
+    a["sink"] = sink
+    return SampleInput(f"{sample.name}-C{context}", a, seed)
+
+
+def _chain_slots_samples(dtype: str, seed: int):
+    yield _chain_slots_sample("empty-batch", seed, bs=0, rows_total=3, steps=3, context=8)
+    yield _chain_slots_sample("random-rows", seed + 1, bs=6, rows_total=9, steps=3, context=20)
+    yield _chain_slots_sample("padded-lanes-on-the-pad-row", seed + 2, bs=5, rows_total=6, steps=2, context=12, sink=5,
+                              pad_row=0, dead=(1, 3, 4))
+    yield _chain_slots_sample("boundary-nodes-end-at-the-row-end", seed + 3, bs=4, rows_total=4, steps=4, context=5,
+                              finished=(False,) * 4)
+    yield _chain_slots_sample("finished-rows-past-their-end", seed + 4, bs=4, rows_total=5, steps=3, context=10,
+                              finished=(True, False, True, False, True), overhang=True)
+    yield _chain_slots_sample("int32-table-and-rows", seed + 5, bs=4, rows_total=7, steps=3, context=16,
+                              table_dtype=torch.int32, rows_dtype=torch.int32)
+    yield _chain_slots_sample("strided-state-and-table", seed + 6, bs=5, rows_total=8, steps=5, context=24,
+                              strided=True)
+    yield _chain_slots_sample("boundary-root-only", seed + 7, bs=3, rows_total=4, steps=0, context=3)
+
+
+def _chain_slots_recipe(dtype: str):
+    from hypothesis import strategies as st
+
+    def build(t):
+        seed, bs, spare, steps, context, sink, strided, int32, overhang = t
+        return _chain_slots_sample("hyp", seed, bs=bs, rows_total=bs + spare, steps=steps, context=steps + 1 + context,
+                                   sink=sink, strided=strided, overhang=overhang,
+                                   table_dtype=torch.int32 if int32 else torch.int64)
+    return st.tuples(st.integers(0, 2**16), st.integers(0, 6), st.integers(0, 3), st.integers(0, 7),
+                     st.integers(0, 30), st.integers(0, 3), st.booleans(), st.booleans(), st.booleans()).map(build)
+
+
+def _chain_slots_impl(which: str):
+    def impl(s: SampleInput, profile) -> dict:
+        out = dict(zip(CHAIN_SLOT_FIELDS, ops.chain_verify_rows(**s.args, impl=which)))
+        for name, t in out.items():
+            want = torch.bool if name == "live" else torch.int64
+            if not isinstance(t, torch.Tensor) or t.dtype != want or not t.is_contiguous():
+                raise AssertionError(f"chain_verify_rows with a slot table must return {name} as a contiguous {want} "
+                                     f"tensor, got {type(t).__name__} {getattr(t, 'dtype', '')}")
+        return out
+    return impl
+
+
+def _chain_slots_ref(s: SampleInput) -> dict:
+    out = reference.chain_verify_rows(**{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in s.args.items()})
+    bs, d = s.args["rows"].shape[0], s.args["drafts"].shape[1] + 1
+    shapes = {"tokens": (bs, d), "positions": (bs, d), "slots": (bs, d)}
+    return {k: torch.tensor(v, dtype=torch.bool if k == "live" else torch.int64).view(shapes.get(k, (bs,)))
+            for k, v in out.items()}
+
+
+def _chain_slots_errors(which: str):
+    base = _chain_slots_sample("base", 0, bs=3, rows_total=4, steps=3, context=10,
+                               finished=(False, True, False, False)).args
+    plain = {k: v for k, v in base.items() if k not in ("req_to_token", "sink")}
+
+    def call(**changes):
+        return lambda: ops.chain_verify_rows(**{**base, "impl": which, **changes})
+    table = base["req_to_token"]
+    yield ErrorInput("sink-without-table", lambda: ops.chain_verify_rows(**plain, sink=2, impl=which), ValueError,
+                     "sink is given without req_to_token", "sink")
+    yield ErrorInput("table-1d", call(req_to_token=table[0]), ValueError, "req_to_token must be 2-D", "req_to_token")
+    yield ErrorInput("table-float", call(req_to_token=table.float()), ValueError,
+                     "req_to_token must be int32 or int64", "req_to_token")
+    yield ErrorInput("table-no-cells", call(req_to_token=table[:, :0]), ValueError, "C >= 1", "req_to_token")
+    yield ErrorInput("row-past-the-table", call(req_to_token=table[:2]), ValueError,
+                     r"rows must be rows of req_to_token, in \[0, 2\)", "rows")
+    yield ErrorInput("live-node-past-its-row", call(seq_len=torch.tensor([7, 0, 0, 0])), ValueError,
+                     "a verified node past its row", "seq_len")
+    yield ErrorInput("sink-negative", call(sink=-1), ValueError, "sink must be an int >= 0", "sink")
+
+
+CHAIN_SLOTS_COMPARE = {k: EXACT for k in CHAIN_SLOT_FIELDS}
+
+
 ACCEPTED_COMPARE = {"produced": EXACT, "count": EXACT}
 
 def _twins(name, impl, ref, samples, recipe, errors, compare) -> tuple[OpSpec, OpSpec]:
@@ -658,4 +755,6 @@ RECORDS = (
             _plan_slots_errors, SLOTS_COMPARE),
     *_twins("chain_verify_rows", _chain_impl, _chain_ref, _chain_samples, _chain_recipe, _chain_errors,
             CHAIN_COMPARE),
+    *_twins("chain_verify_rows_slots", _chain_slots_impl, _chain_slots_ref, _chain_slots_samples, _chain_slots_recipe,
+            _chain_slots_errors, CHAIN_SLOTS_COMPARE),
 )
