@@ -416,6 +416,11 @@ def _plan_errors(which: str):
 PLAN_COMPARE = {k: EXACT for k in PLAN_FIELDS}
 
 
+def _slot_table(gen: torch.Generator, rows: int, context: int) -> torch.Tensor:
+    """A slot table [rows, context] of distinct random slots, none of them 0 (the sink)."""
+    return (torch.randperm(rows * context, generator=gen) + 1).view(rows, context)
+
+
 # draft_plan with the slot table: the same plan and the slots its tokens write (6.18, 6.14's rule)
 SLOT_FIELDS = PLAN_FIELDS + ("slots", "ahead_slots")
 PLAN_FIELDS_IN = ("q_lens", "kv_lens", "finished", "width", "num_steps")     # draft_plan's arguments without a table
@@ -430,7 +435,7 @@ def _plan_slots_sample(name, seed, *, bs, width, num_steps, context, ahead_token
     extend ends at its row end, so every step index is clamped). strided: the table every other
     column of a wider one and the per-lane inputs columns of their own widths."""
     gen = torch.Generator().manual_seed(seed)
-    table = (torch.randperm((bs + 1) * context, generator=gen) + 1).view(bs + 1, context)
+    table = _slot_table(gen, bs + 1, context)
     rows = torch.randperm(bs + 1, generator=gen)[:bs]
     if reused_row and bs > 1:
         rows[-1] = rows[0]
@@ -656,8 +661,7 @@ def _chain_slots_sample(name, seed, *, bs, rows_total, steps, context, sink=0, t
     a = dict(sample.args)
     if overhang:         # the finished rows' nodes would run past the row: only the sink may be written
         a["seq_len"] = torch.where(a["finished"], context - 1, a["seq_len"])
-    table = (torch.randperm((rows_total + 1) * context, generator=gen) + 1).view(rows_total + 1, context)
-    table = table.to(table_dtype)
+    table = _slot_table(gen, rows_total + 1, context).to(table_dtype)
     a["req_to_token"] = _columns(table) if strided else table
     a["sink"] = sink
     return SampleInput(f"{sample.name}-C{context}", a, seed)
