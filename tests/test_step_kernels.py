@@ -325,3 +325,50 @@ def test_a_draft_phase_reads_its_slots_once_in_its_plan(algorithm, monkeypatch):
         assert len(planned) == want, (f"{algorithm}, cycle {cycles}: {len(planned)} forwards planned their own "
                                       f"slots (tokens {planned}), want {want}")
     assert cycles > 2
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_draft_plan_slots_at_the_row_end(impl):
+    """6.18 with the slot table at the row end, which the registry's samples never reach (their
+    checks refuse a live lane past its row): (a) the bound holds live lanes only, so a finished
+    lane past its row (a stopped request whose row filled up, the pad row) is planned, checked, as
+    the reference says: the sink and nothing else; (b) unchecked (the engine's checked=False, a
+    GPU's None), a live extend token past its row reads the row's last cell (6.14's clamp), never
+    the next row's."""
+    import reference
+    table = (torch.arange(3 * 5) + 1).view(3, 5)          # R = 3 rows of C = 5 distinct cells
+    cases = [
+        # (a) lane 1 finished with kv 4 + q 3 = 7 > C = 5
+        (dict(q_lens=torch.tensor([1, 3]), kv_lens=torch.tensor([2, 4]), finished=torch.tensor([False, True]),
+              rows=torch.tensor([1, 0])), True),
+        # (b) lane 0 live with kv 3 + q 3 = 6 > C: its tokens 2.. read the row's last cell
+        (dict(q_lens=torch.tensor([3, 1]), kv_lens=torch.tensor([3, 0]), finished=torch.tensor([False, False]),
+              rows=torch.tensor([1, 0])), False),
+    ]
+    for args, checked in cases:
+        args = dict(args, width=3, num_steps=2, req_to_token=table, sink=0)
+        got = _on_device(lambda **t: ops.draft_plan(**t, impl=impl, checked=checked), args)
+        want = reference.draft_plan(**{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in args.items()})
+        assert got.slots.tolist() == want["slots"], f"{impl}, checked={checked}: slots {got.slots.tolist()}"
+        assert got.ahead_slots.tolist() == want["ahead_slots"], (
+            f"{impl}, checked={checked}: ahead_slots {got.ahead_slots.tolist()}")
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_chain_verify_slots_at_the_row_end(impl):
+    """6.19 with the slot table, unchecked (the engine's checked=False, a GPU's None): a live
+    chain whose last nodes run past its row reads the row's last cell for them (6.14's clamp),
+    never the next row's; a finished row past its end writes nothing but the sink."""
+    import reference
+    table = (torch.arange(3 * 5) + 1).view(3, 5)          # R = 3 rows of C = 5 distinct cells
+    args = dict(rows=torch.tensor([1, 0, 2]), seq_len=torch.tensor([4, 4, 1]), pending=torch.tensor([7, 8, 9]),
+                finished=torch.tensor([True, False, False]), req_id=torch.tensor([0, 1, 2]),
+                drafts=torch.tensor([[1, 2], [3, 4], [5, 6]]), req_to_token=table, sink=0)
+    got = _on_device(lambda **t: ops.chain_verify_rows(**t, impl=impl, checked=False), args)
+    want = reference.chain_verify_rows(**{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in args.items()})
+    assert got.slots.tolist() == want["slots"], f"{impl}: slots {got.slots.tolist()}, want {want['slots']}"
+    # Lane 0 (row 1, live, nodes at 4, 5, 6 of C = 5): its row's last cell, three times; lane 1 (row 0,
+    # finished, past its end too): the sink.
+    assert want["slots"][0] == [table[1, 4].item()] * 3 and want["slots"][1] == [0, 0, 0]

@@ -529,6 +529,12 @@ def _plan_slots_errors(which: str):
     yield ErrorInput("ahead-tokens-negative", call(ahead_tokens=-1), ValueError, "ahead_tokens must be an int >= 0",
                      "ahead_tokens")
     yield ErrorInput("sink-float", call(sink=0.0), TypeError, "sink must be an int >= 0", "sink")
+    yield ErrorInput("row-negative", call(rows=torch.tensor([0, -1, 2])), ValueError,
+                     r"rows must be rows of req_to_token, in \[0, 4\)", "rows")
+    yield ErrorInput("rows-long", call(rows=torch.tensor([0, 1, 2, 3])), ValueError, r"rows must be \[bs\] = \[3\]",
+                     "rows")
+    yield ErrorInput("ahead-tokens-zero-without-table", lambda: ops.draft_plan(**plain, ahead_tokens=0, impl=which),
+                     ValueError, "ahead_tokens is given without req_to_token", "ahead_tokens")
 
 
 SLOTS_COMPARE = {k: EXACT for k in SLOT_FIELDS}
