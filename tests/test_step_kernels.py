@@ -372,3 +372,28 @@ def test_chain_verify_slots_at_the_row_end(impl):
     # Lane 0 (row 1, live, nodes at 4, 5, 6 of C = 5): its row's last cell, three times; lane 1 (row 0,
     # finished, past its end too): the sink.
     assert want["slots"][0] == [table[1, 4].item()] * 3 and want["slots"][1] == [0, 0, 0]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_chain_verify_slots_bound_at_the_row_end_checked(impl):
+    """6.19's bound with the slot table, checked (the draft plan's row-end test has its twin): it
+    holds live lanes only, so a finished row whose nodes run past its end (a stopped request, the
+    pad row) is read as the reference says, the sink and nothing else; a live chain whose last node
+    is the row's last cell passes, and one a cell further is refused. The registry's error input
+    and overhang sample say the same; this pins it without them."""
+    import reference
+    table = (torch.arange(3 * 5) + 1).view(3, 5)          # R = 3 rows of C = 5 distinct cells
+    base = dict(rows=torch.tensor([1, 0, 2]), pending=torch.tensor([7, 8, 9]),
+                finished=torch.tensor([True, False, False]), req_id=torch.tensor([0, 1, 2]),
+                drafts=torch.tensor([[1, 2], [3, 4], [5, 6]]), req_to_token=table, sink=3)
+    # Row 0 finished with nodes at 4..6 (past C = 5); row 1 live, nodes 2..4 (the last at the row end).
+    args = dict(base, seq_len=torch.tensor([4, 2, 0]))
+    got = _on_device(lambda **t: ops.chain_verify_rows(**t, impl=impl, checked=True), args)
+    want = reference.chain_verify_rows(**{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in args.items()})
+    assert got.slots.tolist() == want["slots"], f"{impl}: slots {got.slots.tolist()}, want {want['slots']}"
+    assert want["slots"][:2] == [table[1, 2:5].tolist(), [3, 3, 3]]
+    # Row 1's last node one cell past its row: refused.
+    with pytest.raises(ValueError, match="a verified node past its row"):
+        _on_device(lambda **t: ops.chain_verify_rows(**t, impl=impl, checked=True),
+                   dict(base, seq_len=torch.tensor([4, 3, 0])))

@@ -740,6 +740,18 @@ def _chain_slots_errors(which: str):
     yield ErrorInput("live-node-past-its-row", call(seq_len=torch.tensor([7, 0, 0, 0])), ValueError,
                      "a verified node past its row", "seq_len")
     yield ErrorInput("sink-negative", call(sink=-1), ValueError, "sink must be an int >= 0", "sink")
+    # The table's row bound at the bound itself (rows [0, 1, 3] on a table of 3 rows).
+    yield ErrorInput("row-at-the-table-end", call(req_to_token=table[:3]), ValueError,
+                     r"rows must be rows of req_to_token, in \[0, 3\)", "rows")
+    # A row past the state but inside the table (5 rows): the state's bound, never an IndexError.
+    yield ErrorInput("row-past-the-state-inside-the-table", call(rows=torch.tensor([0, 4, 1])), ValueError,
+                     r"rows must be rows of the request state, in \[0, 4\)", "rows")
+    yield ErrorInput("sink-float", call(sink=1.0), TypeError, "sink must be an int >= 0", "sink")
+    yield ErrorInput("sink-bool", call(sink=True), TypeError, "sink must be an int >= 0", "sink")
+    yield ErrorInput("sink-zero-float-without-table", lambda: ops.chain_verify_rows(**plain, sink=0.0, impl=which),
+                     ValueError, "sink is given without req_to_token", "sink")
+    yield ErrorInput("table-on-another-device", call(req_to_token=table.to("meta")), ValueError,
+                     "req_to_token is on meta", "req_to_token")
 
 
 CHAIN_SLOTS_COMPARE = {k: EXACT for k in CHAIN_SLOT_FIELDS}
