@@ -256,6 +256,13 @@ def _index_tensor(name: str, t, ndim: int, what: str, device) -> None:
         raise ValueError(f"{name} is on {t.device}, the others on {device}: all inputs must be on one device")
 
 
+def _slot_table_arg(req_to_token, device) -> None:
+    """A slot table argument: req_to_token [R, C], int32 or int64, C >= 1, on `device` (None: any)."""
+    _index_tensor("req_to_token", req_to_token, 2, "[R, C]", device)
+    if req_to_token.shape[1] == 0:
+        raise ValueError(f"req_to_token must be [R, C] with C >= 1, got shape {tuple(req_to_token.shape)}")
+
+
 def _value_checks(checked: bool | None, device: torch.device) -> bool:
     """Whether to run the value checks, which read tensor values on the host. checked=None: only
     where that costs no device sync (CPU tensors); True: everywhere but inside a CUDA-graph capture
@@ -815,9 +822,7 @@ def token_slots(*, req_to_token: torch.Tensor, rows: torch.Tensor, kv_lens: torc
     """
     device = req_to_token.device if isinstance(req_to_token, torch.Tensor) else torch.device("cpu")
     pick_impl(impl, device)
-    _index_tensor("req_to_token", req_to_token, 2, "[R, C]", None)
-    if req_to_token.shape[1] == 0:
-        raise ValueError(f"req_to_token must be [R, C] with C >= 1, got shape {tuple(req_to_token.shape)}")
+    _slot_table_arg(req_to_token, None)
     for name, t in (("rows", rows), ("kv_lens", kv_lens), ("q_lens", q_lens)):
         _index_tensor(name, t, 1, "[bs]", device)
     bs = rows.shape[0]
@@ -987,9 +992,7 @@ def _chain_slot_table(req_to_token, sink, device) -> tuple[torch.Tensor, int] | 
         if isinstance(sink, bool) or not isinstance(sink, numbers.Integral) or sink != 0:
             raise ValueError("sink is given without req_to_token: the chain reads no slots without the table")
         return None
-    _index_tensor("req_to_token", req_to_token, 2, "[R, C]", device)
-    if req_to_token.shape[1] == 0:
-        raise ValueError(f"req_to_token must be [R, C] with C >= 1, got shape {tuple(req_to_token.shape)}")
+    _slot_table_arg(req_to_token, device)
     return req_to_token, _count("sink", sink, 0)
 
 
@@ -1050,9 +1053,7 @@ def _plan_slot_table(req_to_token, rows, ahead_tokens, sink, bs: int, num_steps:
         if given:
             raise ValueError(f"{given[0]} is given without req_to_token: the plan reads no slots without the table")
         return None
-    _index_tensor("req_to_token", req_to_token, 2, "[R, C]", device)
-    if req_to_token.shape[1] == 0:
-        raise ValueError(f"req_to_token must be [R, C] with C >= 1, got shape {tuple(req_to_token.shape)}")
+    _slot_table_arg(req_to_token, device)
     if rows is None:
         raise ValueError("rows must be given with req_to_token: the [bs] rows of the table the lanes read")
     _index_tensor("rows", rows, 1, "[bs]", device)
@@ -1088,9 +1089,7 @@ def commit_accepted_kv(*, kv: torch.Tensor, req_to_token: torch.Tensor, rows: to
     if kv.stride(3) != 1 or kv.stride(2) != kv.shape[3]:
         raise ValueError(f"kv must hold each slot's heads x head_dim contiguously (strides [..., {kv.shape[3]}, 1]), "
                          f"got strides {tuple(kv.stride())}")
-    _index_tensor("req_to_token", req_to_token, 2, "[R, C]", device)
-    if req_to_token.shape[1] == 0:
-        raise ValueError(f"req_to_token must be [R, C] with C >= 1, got shape {tuple(req_to_token.shape)}")
+    _slot_table_arg(req_to_token, device)
     _index_tensor("accept", accept, 2, "[bs, W]", device)
     bs, w = accept.shape
     for name, t in (("rows", rows), ("seq_lens", seq_lens)):
