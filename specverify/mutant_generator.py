@@ -259,9 +259,10 @@ def sites_of(root: Path, rel: str) -> list[Site]:
     finder = _Finder()
     finder.visit(tree)
     lines = text.splitlines(keepends=True)
+    units = _top_level_spans(tree)
     out, seen = [], set()
     for node, operator, new in finder.edits:
-        site = _site(rel, text, lines, node, operator, new)
+        site = _site(rel, text, lines, units, node, operator, new)
         if site is None or (site.target, site.replacement) in seen:
             continue
         seen.add((site.target, site.replacement))
@@ -269,7 +270,35 @@ def sites_of(root: Path, rel: str) -> list[Site]:
     return out
 
 
-def _site(rel: str, text: str, lines: list[str], node, operator: str, new: str) -> Site | None:
+def _top_level_spans(tree: ast.Module) -> list[tuple[int, int]]:
+    """The 0-based first and last line of each top-level statement, its decorators included."""
+    spans = []
+    for stmt in tree.body:
+        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", ())])
+        spans.append((first - 1, stmt.end_lineno - 1))
+    return spans
+
+
+def _compiles(rel: str, lines: list[str], units: list[tuple[int, int]], before: int, after: int, target: str,
+              mutated: str) -> bool:
+    """Whether the file compiles with `target` (its lines before..after) replaced by `mutated`.
+    A syntax error an edit makes stays inside the top-level statements its lines touch (a function
+    or class is a whole unit for every check the compiler makes: `return` outside a function,
+    `nonlocal`, `await`), so only they are compiled, with any lines between them: compiling the
+    whole file for every site made listing the sites a compile of the tree per site."""
+    touched = [(a, b) for a, b in units if a <= after and b >= before]
+    first = min([before] + [a for a, _ in touched])
+    last = max([after] + [b for _, b in touched])
+    unit = "".join(lines[first:last + 1])
+    try:
+        compile(unit.replace(target, mutated, 1), rel, "exec")
+    except SyntaxError:
+        return False
+    return True
+
+
+def _site(rel: str, text: str, lines: list[str], units: list[tuple[int, int]], node, operator: str,
+          new: str) -> Site | None:
     first, last = node.lineno - 1, node.end_lineno - 1
     block = "".join(lines[first:last + 1]).encode("utf-8")
     start = node.col_offset
@@ -293,9 +322,7 @@ def _site(rel: str, text: str, lines: list[str], node, operator: str, new: str) 
             target, mutated = target + lines[after], mutated + lines[after]
     if "'''" in target or "'''" in mutated or target.endswith("\\\n"):
         return None                                          # not expressible as a toml literal string
-    try:
-        compile(text.replace(target, mutated, 1), rel, "exec")
-    except SyntaxError:
+    if not _compiles(rel, lines, units, before, after, target, mutated):
         return None
     return Site(rel, node.lineno, operator, target.rstrip("\n"), mutated.rstrip("\n"))
 

@@ -6,6 +6,7 @@ is killed by the suite (the CI subset, like the zoo's `fast` mutants)."""
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from pathlib import Path
 
@@ -169,3 +170,18 @@ def test_the_report_scores_each_module_apart_from_equivalents(tmp_path):
         (4, 1, 1, 1, 1, "50.0%")
     assert "same value either way" in text and sites[1].ident in text and "seed 5" in text
     assert textwrap.dedent(text).count("| ops | 4 | 1 | 1 | 1 | 1 | 50.0% |") == 1
+
+
+def test_an_edit_compiles_with_the_top_level_statements_it_touches():
+    """The compile check of a site compiles the top-level statements the edit's lines touch, whole:
+    an edit that empties a function's body or puts a `return` at module level is no site, an edit
+    that keeps the statement valid is one."""
+    text = "import os\n\n\n@staticmethod\ndef f(a):\n    return a\n\n\nX = f(1)\n"
+    lines = text.splitlines(keepends=True)
+    units = gen._top_level_spans(ast.parse(text))
+    assert units == [(0, 0), (3, 5), (8, 8)]
+    assert gen._compiles("m.py", lines, units, 5, 5, "    return a\n", "    return a + 1\n")
+    assert not gen._compiles("m.py", lines, units, 5, 5, "    return a\n", "")          # def f(a): with no body
+    assert not gen._compiles("m.py", lines, units, 5, 5, "    return a\n", "    return a +\n")
+    assert not gen._compiles("m.py", lines, units, 8, 8, "X = f(1)\n", "return f(1)\n")  # return outside a function
+    assert gen._compiles("m.py", lines, units, 8, 8, "X = f(1)\n", "X = f(2)\n")
