@@ -50,7 +50,8 @@ class GoldenVersionUnknown(GoldenError):
 
 
 class InputDrift(GoldenError):
-    """The stored inputs no longer rebuild what they did (a model builder changed its weights)."""
+    """The stored inputs no longer rebuild what they did (a model builder changed its weights, an op
+    registry changed its samples)."""
 
 
 def check_name(name: str) -> str:

@@ -559,6 +559,46 @@ def test_model_builder_drift_is_reported_as_such():
     tampered = dict(inputs, model=dict(inputs["model"], fingerprint="0" * 64))
     assert "model builder drift: build_models('tiny'" in cat.model_drift(tampered)
 
+def _planted_samples(change):
+    """select_draft_topk's float32 op golden, its registry samples passed through `change`."""
+    op = REGISTRY["select_draft_topk"]
+    return cat.op_case(dataclasses.replace(op, samples=lambda dtype, seed: change(list(op.samples(dtype, seed)))),
+                       "float32")
+
+
+def _float_arg(sample):
+    return next((k for k, v in sample.args.items()
+                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()), None)
+
+
+def _nudged(samples):
+    """The first float of the first sample holding a non-empty float tensor, one ulp up."""
+    i = next(i for i, s in enumerate(samples) if _float_arg(s))
+    key = _float_arg(samples[i])
+    t = samples[i].args[key].clone()
+    t.view(-1)[0] = torch.nextafter(t.view(-1)[0], torch.tensor(float("inf"), dtype=t.dtype))
+    return samples[:i] + [dataclasses.replace(samples[i], args={**samples[i].args, key: t})] + samples[i + 1:]
+
+
+def test_an_op_golden_whose_registry_samples_moved_is_a_drift():
+    """The stored inputs of an op golden are its registry's samples: a sample the registry adds,
+    drops or changes (one ulp of one value, one dtype) since the golden was made is reported as a
+    drift naming the sample and the regen command, not compared on the old inputs as if current."""
+    assert golden.run_side(PLAIN[0], golden.REFERENCE).status == "ok"
+    plants = {
+        "one ulp": _nudged,
+        "a sample dropped": lambda samples: samples[1:],
+        "a sample added": lambda samples: samples + samples[:1],
+        "a dtype": lambda samples: [dataclasses.replace(s, args={k: v.double() if isinstance(v, torch.Tensor)
+                                                                 and v.dtype == torch.float32 else v
+                                                                 for k, v in s.args.items()}) for s in samples],
+    }
+    for what, change in plants.items():
+        r = golden.run_side(_planted_samples(change), golden.REFERENCE, write_obtained=False)
+        assert r.status == "drift", (what, r.status, r.message)
+        assert "the registry's sample" in r.message and "golden regen" in r.message, (what, r.message)
+
+
 def test_a_drifted_input_is_its_own_status(tmp_path):
     regen(tmp_path, [SYN])
     planted = dataclasses.replace(SYN, check_inputs=lambda i: "model builder drift: weights changed")

@@ -7,7 +7,9 @@
   run an op that does not read the profile, `platform_dependent=False`, on the native profile or
   the one SPECVERIFY_PLATFORM selects only, as test_ops_differential does). Samples whose input arrays hold
   more than MAX_SAMPLE_BYTES stay out (listed in the golden's meta; size). Rules and
-  tolerance dtype are the record's own (`op.compare`, `op.tolerance_dtype`).
+  tolerance dtype are the record's own (`op.compare`, `op.tolerance_dtype`). The stored inputs
+  are checked against the samples the registry makes now (`samples_drift`): a sample changed,
+  added or dropped since the golden was made is a drift, not a comparison on stale inputs.
 - **End-to-end goldens** `e2e/<algorithm>/<config>/<logits dtype>/<draft>/<sampling>/seed<N>`:
   a ragged batch (different budgets) decoded target-only or with EAGLE (chains and trees, page
   sizes 1 and > 1), greedy and sampled, float32 / bfloat16 / float16 / FP8 logits (CUDA- and
@@ -37,7 +39,7 @@ import torch
 import reference
 import specverify
 from specverify import SpecConfig, dtypes
-from specverify.golden import EXACT, OPTIMIZED, AcceptScenario, BaselineSet, GoldenCase
+from specverify.golden import EXACT, OPTIMIZED, AcceptScenario, BaselineSet, GoldenCase, compare
 from tests.support.cases import cached_models, ragged_prompts
 from specverify.conformance.registry import REGISTRY, OpSpec, SampleInput, run_impl
 from tests.support.steering import SteeredDraft, lookahead, steer_logits, steered_models
@@ -74,6 +76,38 @@ def _sample(entry: dict) -> SampleInput:
     return SampleInput(entry["name"], entry["args"], entry["seed"])
 
 
+def _leaf_dtypes(tree, path: str = "") -> dict[str, str]:
+    """The dtype of every tensor / array leaf of a tree, by its path."""
+    if isinstance(tree, torch.Tensor):
+        return {path: str(tree.dtype)}
+    if isinstance(tree, np.ndarray):
+        return {path: str(tree.dtype)}
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _leaf_dtypes(sub, f"{path}.{key}").items()}
+    if isinstance(tree, (list, tuple)):
+        return {k: v for i, sub in enumerate(tree) for k, v in _leaf_dtypes(sub, f"{path}[{i}]").items()}
+    return {}
+
+
+def samples_drift(now: dict, stored: dict) -> str | None:
+    """Why the stored inputs of an op golden are not the samples the registry makes now (a sample
+    added, removed or changed since the golden was made: its values bit for bit, its dtypes, its
+    name and seed), or None."""
+    added, removed = sorted(set(now) - set(stored)), sorted(set(stored) - set(now))
+    if added or removed:
+        return f"the registry's samples changed: {len(added)} new {added[:3]}, {len(removed)} gone {removed[:3]}"
+    for key in now:
+        diff = compare(now[key], stored[key], rules={}, tolerance_dtype="float64")
+        if not diff.ok:
+            return f"the registry's sample {key} changed: {diff.message()}"
+        dt_now, dt_stored = _leaf_dtypes(now[key]), _leaf_dtypes(stored[key])
+        if dt_now != dt_stored:
+            moved = sorted(k for k in dt_now if dt_now[k] != dt_stored.get(k))
+            return (f"the registry's sample {key} changed its dtypes: "
+                    f"{[(k, dt_stored.get(k), dt_now[k]) for k in moved[:3]]} (stored, now)")
+    return None
+
+
 def op_case(op: OpSpec, dtype: str) -> GoldenCase:
     name = f"ops/{op.name}/{dtype}"
     seed = name_seed(name)
@@ -99,9 +133,12 @@ def op_case(op: OpSpec, dtype: str) -> GoldenCase:
     def applies(profile) -> bool:
         return dtype in op.dtypes_for(profile.policy)
 
+    def sample_drift(inputs):
+        return samples_drift(build()[0], inputs)
+
     marks = ("fp8",) if dtypes.dtype_info(dtype).is_fp8 else ()
     return GoldenCase(name, build, ref, optimized, dict(op.compare), op.tolerance_dtype, applies, marks,
-                      platform_dependent=op.platform_dependent)
+                      check_inputs=sample_drift, platform_dependent=op.platform_dependent)
 
 
 def op_cases() -> list[GoldenCase]:
