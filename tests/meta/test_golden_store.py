@@ -585,18 +585,64 @@ def test_an_op_golden_whose_registry_samples_moved_is_a_drift():
     drops or changes (one ulp of one value, one dtype) since the golden was made is reported as a
     drift naming the sample and the regen command, not compared on the old inputs as if current."""
     assert golden.run_side(PLAIN[0], golden.REFERENCE).status == "ok"
-    plants = {
-        "one ulp": _nudged,
-        "a sample dropped": lambda samples: samples[1:],
-        "a sample added": lambda samples: samples + samples[:1],
-        "a dtype": lambda samples: [dataclasses.replace(s, args={k: v.double() if isinstance(v, torch.Tensor)
-                                                                 and v.dtype == torch.float32 else v
-                                                                 for k, v in s.args.items()}) for s in samples],
+    def first(replace):          # sample 0 with the args replace(its args) gives in place of its own
+        return lambda samples: [dataclasses.replace(samples[0], args={**samples[0].args, **replace(samples[0].args)})] \
+            + samples[1:]
+
+    plants = {          # what moves -> what the drift says of it
+        "one ulp": (_nudged, "values differ"),
+        "a sample dropped": (lambda samples: samples[1:], "the registry's samples changed"),
+        "a sample added": (lambda samples: samples + samples[:1], "the registry's samples changed"),
+        "a dtype": (lambda samples: [dataclasses.replace(s, args={k: v.double() if isinstance(v, torch.Tensor)
+                                                                  and v.dtype == torch.float32 else v
+                                                                  for k, v in s.args.items()}) for s in samples],
+                    "changed its dtypes"),
+        # the registry's last sample is over MAX_SAMPLE_BYTES (not stored): these move the last stored one
+        "the last stored sample dropped": (lambda samples: samples[:-2] + samples[-1:], "the registry's samples changed"),
+        "one ulp of the last stored sample": (lambda samples: _nudged(samples[-2::-1])[::-1] + samples[-1:],
+                                              "values differ"),
+        "a seed": (lambda samples: [dataclasses.replace(samples[0], seed=samples[0].seed + 1)] + samples[1:], "seed"),
+        "an int arg made a bool": (first(lambda a: {"topk": bool(a["topk"])}), "topk"),
+        "a shape": (first(lambda a: {"logits": a["logits"].reshape(-1)}), "shape"),
     }
-    for what, change in plants.items():
+    for what, (change, says) in plants.items():
         r = golden.run_side(_planted_samples(change), golden.REFERENCE, write_obtained=False)
         assert r.status == "drift", (what, r.status, r.message)
         assert "the registry's sample" in r.message and "golden regen" in r.message, (what, r.message)
+        assert says in r.message, (what, says, r.message)
+
+
+def test_samples_drift_holds_every_leaf_and_its_dtype():
+    """samples_drift on synthetic samples: equal trees (NaN, -0.0, a numpy array, a list of
+    tensors, fp8, Python scalars, None) are no drift; each leaf moved alone, in either direction,
+    is one: the sign of a zero, an array's dtype, a listed tensor's dtype (same size), an fp8
+    flavour holding the same values, a tensor's dtype that is not the last leaf's, an int made a
+    bool, None made 0, a NaN's sign, a numpy scalar for a Python one, a tuple for a list, a scalar
+    for a tensor."""
+    def sample(**over):
+        args = {"x": torch.tensor([1.5, -0.0, float("nan")]), "arr": np.arange(3, dtype=np.float32),
+                "xs": [torch.zeros(2, dtype=torch.float16), torch.ones(2, dtype=torch.int64)],
+                "q": torch.zeros(4, dtype=torch.float8_e4m3fn), "k": 2, "flag": True, "none": None,
+                "last": torch.zeros(1, dtype=torch.int32)}
+        return {"000:a": {"name": "a", "seed": 1, "args": {**args, **over}}}
+
+    assert cat.samples_drift(sample(), sample()) is None
+    moved = {
+        "the sign of a zero": {"x": torch.tensor([1.5, 0.0, float("nan")])},
+        "an array's dtype": {"arr": np.arange(3, dtype=np.float64)},
+        "a listed tensor's dtype": {"xs": [torch.zeros(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.int64)]},
+        "an fp8 flavour": {"q": torch.zeros(4, dtype=torch.float8_e4m3fnuz)},
+        "a tensor's dtype": {"x": torch.tensor([1.5, -0.0, float("nan")], dtype=torch.float64)},
+        "an int made a bool": {"k": True},
+        "None made 0": {"none": 0},
+        "a NaN's sign": {"x": torch.tensor([1.5, -0.0, -float("nan")])},
+        "a Python int made a numpy one": {"k": np.int64(2)},
+        "a list made a tuple": {"xs": (torch.zeros(2, dtype=torch.float16), torch.ones(2, dtype=torch.int64))},
+        "a tensor made a Python float": {"last": 0.0},
+    }
+    for what, over in moved.items():
+        assert cat.samples_drift(sample(**over), sample()) is not None, what
+        assert cat.samples_drift(sample(), sample(**over)) is not None, what
 
 
 def test_a_drifted_input_is_its_own_status(tmp_path):

@@ -185,3 +185,32 @@ def test_an_edit_compiles_with_the_top_level_statements_it_touches():
     assert not gen._compiles("m.py", lines, units, 5, 5, "    return a\n", "    return a +\n")
     assert not gen._compiles("m.py", lines, units, 8, 8, "X = f(1)\n", "return f(1)\n")  # return outside a function
     assert gen._compiles("m.py", lines, units, 8, 8, "X = f(1)\n", "X = f(2)\n")
+
+
+def test_an_edit_across_top_level_statements_compiles_with_all_it_touches():
+    """A target widened across statements (one's last line, the blank lines between, the next
+    one's decorator) is compiled with every statement it touches, whole, and the lines between;
+    a target that is only the head of a block is compiled with the rest of its statement."""
+    text = "def f(a):\n    return a\n\n\n@staticmethod\ndef g(b):\n    if b:\n        return b\n    return 0\n"
+    lines = text.splitlines(keepends=True)
+    units = gen._top_level_spans(ast.parse(text))
+    assert units == [(0, 1), (4, 8)]
+    across = "".join(lines[1:5])                         # f's last line .. g's decorator
+    assert gen._compiles("m.py", lines, units, 1, 4, across, across.replace("return a", "return a + 1"))
+    assert not gen._compiles("m.py", lines, units, 1, 4, across, across.replace("return a", "return a +"))
+    assert gen._compiles("m.py", lines, units, 6, 6, lines[6], "    if not b:\n")     # `if b:` alone
+    above = "".join(lines[2:9])                          # from the blank lines above g's decorator
+    assert not gen._compiles("m.py", lines, units, 2, 8, above, above.replace("return 0", "return 0 +"))
+
+
+def test_a_widened_site_is_compiled_whole():
+    """A repeated statement widened upward into the blank line above its function: the compile
+    check of `_site` covers the whole widened target, so a broken edit there is no site."""
+    text = "def f(a):\n    return a\n\n\ndef f(a):\n    return a\n"
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    units = gen._top_level_spans(tree)
+    node = tree.body[1].body[0]                          # the second `return a`
+    site = gen._site("m.py", text, lines, units, node, "return-constant", "return None")
+    assert (site.target, site.replacement) == ("\ndef f(a):\n    return a", "\ndef f(a):\n    return None")
+    assert gen._site("m.py", text, lines, units, node, "return-constant", "return a +") is None

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import zlib
 
 import numpy as np
@@ -38,7 +39,7 @@ import torch
 
 import reference
 import specverify
-from specverify import SpecConfig, dtypes
+from specverify import SpecConfig, dtypes, golden
 from specverify.golden import EXACT, OPTIMIZED, AcceptScenario, BaselineSet, GoldenCase, compare
 from tests.support.cases import cached_models, ragged_prompts
 from specverify.conformance.registry import REGISTRY, OpSpec, SampleInput, run_impl
@@ -78,9 +79,7 @@ def _sample(entry: dict) -> SampleInput:
 
 def _leaf_dtypes(tree, path: str = "") -> dict[str, str]:
     """The dtype of every tensor / array leaf of a tree, by its path."""
-    if isinstance(tree, torch.Tensor):
-        return {path: str(tree.dtype)}
-    if isinstance(tree, np.ndarray):
+    if isinstance(tree, (torch.Tensor, np.ndarray)):
         return {path: str(tree.dtype)}
     if isinstance(tree, dict):
         return {k: v for key, sub in tree.items() for k, v in _leaf_dtypes(sub, f"{path}.{key}").items()}
@@ -89,22 +88,33 @@ def _leaf_dtypes(tree, path: str = "") -> dict[str, str]:
     return {}
 
 
+def _stored_form(tree) -> tuple:
+    """A tree as the golden stores it (JSON skeleton; each array's dtype, shape and bytes): equal
+    exactly when the trees are, NaN payloads, signed zeros and Python / numpy scalar types included."""
+    skeleton, arrays = golden.encode(tree)      # as JSON text: True and 1, 1.0 and 1 are not equal there
+    return json.dumps(skeleton, sort_keys=True), {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in arrays.items()}
+
+
 def samples_drift(now: dict, stored: dict) -> str | None:
     """Why the stored inputs of an op golden are not the samples the registry makes now (a sample
-    added, removed or changed since the golden was made: its values bit for bit, its dtypes, its
-    name and seed), or None."""
+    added, removed or changed since the golden was made: its values bit for bit, its dtypes and
+    types, its name and seed), or None."""
     added, removed = sorted(set(now) - set(stored)), sorted(set(stored) - set(now))
     if added or removed:
         return f"the registry's samples changed: {len(added)} new {added[:3]}, {len(removed)} gone {removed[:3]}"
     for key in now:
+        if _stored_form(now[key]) == _stored_form(stored[key]):
+            continue
         diff = compare(now[key], stored[key], rules={}, tolerance_dtype="float64")
         if not diff.ok:
             return f"the registry's sample {key} changed: {diff.message()}"
         dt_now, dt_stored = _leaf_dtypes(now[key]), _leaf_dtypes(stored[key])
         if dt_now != dt_stored:
-            moved = sorted(k for k in dt_now if dt_now[k] != dt_stored.get(k))
+            moved = sorted(k for k in set(dt_now) | set(dt_stored) if dt_now.get(k) != dt_stored.get(k))
             return (f"the registry's sample {key} changed its dtypes: "
-                    f"{[(k, dt_stored.get(k), dt_now[k]) for k in moved[:3]]} (stored, now)")
+                    f"{[(k, dt_stored.get(k), dt_now.get(k)) for k in moved[:3]]} (stored, now)")
+        return (f"the registry's sample {key} changed in its bits or types where the values compare equal "
+                f"(a NaN's payload or sign, a Python or numpy scalar's type, a list made a tuple)")
     return None
 
 
