@@ -559,6 +559,7 @@ def test_model_builder_drift_is_reported_as_such():
     tampered = dict(inputs, model=dict(inputs["model"], fingerprint="0" * 64))
     assert "model builder drift: build_models('tiny'" in cat.model_drift(tampered)
 
+
 def _planted_samples(change):
     """select_draft_topk's float32 op golden, its registry samples passed through `change`."""
     op = REGISTRY["select_draft_topk"]
@@ -585,6 +586,7 @@ def test_an_op_golden_whose_registry_samples_moved_is_a_drift():
     drops or changes (one ulp of one value, one dtype) since the golden was made is reported as a
     drift naming the sample and the regen command, not compared on the old inputs as if current."""
     assert golden.run_side(PLAIN[0], golden.REFERENCE).status == "ok"
+
     def first(replace):          # sample 0 with the args replace(its args) gives in place of its own
         return lambda samples: [dataclasses.replace(samples[0], args={**samples[0].args, **replace(samples[0].args)})] \
             + samples[1:]
@@ -596,7 +598,7 @@ def test_an_op_golden_whose_registry_samples_moved_is_a_drift():
         "a dtype": (lambda samples: [dataclasses.replace(s, args={k: v.double() if isinstance(v, torch.Tensor)
                                                                   and v.dtype == torch.float32 else v
                                                                   for k, v in s.args.items()}) for s in samples],
-                    "changed its dtypes"),
+                    '"dtype": "float64"'),
         # the registry's last sample is over MAX_SAMPLE_BYTES (not stored): these move the last stored one
         "the last stored sample dropped": (lambda samples: samples[:-2] + samples[-1:], "the registry's samples changed"),
         "one ulp of the last stored sample": (lambda samples: _nudged(samples[-2::-1])[::-1] + samples[-1:],

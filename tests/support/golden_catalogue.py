@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import zlib
 
 import numpy as np
@@ -77,22 +78,18 @@ def _sample(entry: dict) -> SampleInput:
     return SampleInput(entry["name"], entry["args"], entry["seed"])
 
 
-def _leaf_dtypes(tree, path: str = "") -> dict[str, str]:
-    """The dtype of every tensor / array leaf of a tree, by its path."""
-    if isinstance(tree, (torch.Tensor, np.ndarray)):
-        return {path: str(tree.dtype)}
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in _leaf_dtypes(sub, f"{path}.{key}").items()}
-    if isinstance(tree, (list, tuple)):
-        return {k: v for i, sub in enumerate(tree) for k, v in _leaf_dtypes(sub, f"{path}[{i}]").items()}
-    return {}
+def _stored_form(tree) -> tuple[str, dict]:
+    """A tree as the golden stores it: its JSON skeleton as text (each tensor's and array's dtype
+    and shape, each scalar's type: True and 1 differ there) and each array's bytes. Equal exactly
+    when the trees are, NaN payloads and signed zeros included."""
+    skeleton, arrays = golden.encode(tree)
+    return json.dumps(skeleton, sort_keys=True), {k: v.tobytes() for k, v in arrays.items()}
 
 
-def _stored_form(tree) -> tuple:
-    """A tree as the golden stores it (JSON skeleton; each array's dtype, shape and bytes): equal
-    exactly when the trees are, NaN payloads, signed zeros and Python / numpy scalar types included."""
-    skeleton, arrays = golden.encode(tree)      # as JSON text: True and 1, 1.0 and 1 are not equal there
-    return json.dumps(skeleton, sort_keys=True), {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in arrays.items()}
+def _where_texts_differ(stored: str, now: str, width: int = 40) -> str:
+    i = len(os.path.commonprefix([stored, now]))
+    lo = max(i - width, 0)
+    return f"stored ...{stored[lo:i + width]}..., now ...{now[lo:i + width]}..."
 
 
 def samples_drift(now: dict, stored: dict) -> str | None:
@@ -103,18 +100,17 @@ def samples_drift(now: dict, stored: dict) -> str | None:
     if added or removed:
         return f"the registry's samples changed: {len(added)} new {added[:3]}, {len(removed)} gone {removed[:3]}"
     for key in now:
-        if _stored_form(now[key]) == _stored_form(stored[key]):
+        (skeleton_now, bytes_now), (skeleton_stored, bytes_stored) = _stored_form(now[key]), _stored_form(stored[key])
+        if skeleton_now == skeleton_stored and bytes_now == bytes_stored:
             continue
         diff = compare(now[key], stored[key], rules={}, tolerance_dtype="float64")
         if not diff.ok:
             return f"the registry's sample {key} changed: {diff.message()}"
-        dt_now, dt_stored = _leaf_dtypes(now[key]), _leaf_dtypes(stored[key])
-        if dt_now != dt_stored:
-            moved = sorted(k for k in set(dt_now) | set(dt_stored) if dt_now.get(k) != dt_stored.get(k))
-            return (f"the registry's sample {key} changed its dtypes: "
-                    f"{[(k, dt_stored.get(k), dt_now.get(k)) for k in moved[:3]]} (stored, now)")
-        return (f"the registry's sample {key} changed in its bits or types where the values compare equal "
-                f"(a NaN's payload or sign, a Python or numpy scalar's type, a list made a tuple)")
+        if skeleton_now != skeleton_stored:
+            return (f"the registry's sample {key} changed a dtype or a type where the values compare equal: "
+                    f"{_where_texts_differ(skeleton_stored, skeleton_now)}")
+        return (f"the registry's sample {key} changed in its bits where the values compare equal "
+                f"(a NaN's payload or sign)")
     return None
 
 
