@@ -20,7 +20,8 @@ mutated node spans, widened line by line until it occurs once in its file. Docst
 constants, f-strings, annotations, imports and decorators are never mutated.
 
 Sampling is seeded: `sample(sites, per_module, seed)` draws per module (the first component of the
-path under `specverify/`) with `random.Random(seed)`, so a seed names the same mutants everywhere.
+path under `specverify/`) with `random.Random(seed)`, so a seed names the same mutants everywhere;
+`sample_files(sites, files, per_file, seed)` draws per file instead (a campaign over one change's files).
 A mutant's id (`gen-...-<crc>`) hashes its file, target and replacement: the triage file
 (`tests/mutants/equivalents.toml`) refers to mutants by it.
 """
@@ -334,9 +335,20 @@ def all_sites(root: Path) -> list[Site]:
 def sample(sites: list[Site], per_module: int, seed: int) -> list[Site]:
     """`per_module` sites of each module (all of a smaller one), drawn with random.Random(seed)
     in module order; the result is sorted by file and line."""
+    return _draw(sites, MODULES, lambda s: s.module, per_module, seed)
+
+
+def sample_files(sites: list[Site], files: list[str], per_file: int, seed: int) -> list[Site]:
+    """`per_file` sites of each of `files` (all of a smaller one), drawn with random.Random(seed)
+    in the order of `files`: a campaign over the files one change touched. The result is sorted
+    by file and line."""
+    return _draw(sites, list(dict.fromkeys(files)), lambda s: s.file, per_file, seed)
+
+
+def _draw(sites: list[Site], groups, group_of, per_group: int, seed: int) -> list[Site]:
     rng = random.Random(seed)
     chosen = []
-    for module in MODULES:
-        pool = [s for s in sites if s.module == module]
-        chosen += pool if len(pool) <= per_module else rng.sample(pool, per_module)
+    for group in groups:
+        pool = [s for s in sites if group_of(s) == group]
+        chosen += pool if len(pool) <= per_group else rng.sample(pool, per_group)
     return sorted(chosen, key=lambda s: (s.file, s.line, s.ident))

@@ -631,6 +631,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--part", type=Path, metavar="OUT.json", default=None, help="generate --rerun: where the results go")
     p.add_argument("--modules", nargs="+", metavar="MODULE", default=None,
                    help="generate: only these modules' sites (after the seeded draw; a campaign may run in parts)")
+    p.add_argument("--files", nargs="+", metavar="FILE", default=None,
+                   help="generate: draw --per-module sites from each of these files instead of from each module "
+                        "(the files one change touched, as specverify/kernels/tree.py)")
     p.add_argument("--no-full-suite", action="store_true",
                    help="generate: do not re-run a slice survivor on the whole suite")
     p.add_argument("--only", nargs="+", action="extend", metavar="NAME", help="run only these mutants")

@@ -1,5 +1,6 @@
 """`python -m specverify mutants generate`: a mutation-testing campaign over generated mutants
-(issue 24). It draws `--per-module` sites per module from `mutant_generator` with `--seed`, drops
+(issue 24). It draws `--per-module` sites per module (or per file of `--files`: a change's own
+files) from `mutant_generator` with `--seed`, drops
 the ones triaged as equivalent, runs each through the zoo harness on its module's slice (data:
 `tests/mutants/generated/slices.toml`), re-runs a slice survivor on the whole suite (`-n 2`) while
 the `--budget` lasts, and writes the report: score per module (killed / generated, equivalents
@@ -35,17 +36,21 @@ FULL_SUITE = ("tests", "-n", "2")
 BUDGET = "budget"          # a mutant the budget left unstarted
 
 
-_CRASH = re.compile(r"the import guard wrote no report \(pytest exit (-?\d+)\)")
+# the harness's two details of a pytest that died: before its import guard reported, or after it
+# (an exit pytest never gives, as a signal while the interpreter tears down)
+_CRASH = re.compile(r"the import guard wrote no report \(pytest exit (-?\d+)\)|pytest exit (-?\d+) \(usage or internal error\)")
 
 
 def crash_as_kill(res: harness.Result) -> harness.Result:
     """A mutant that makes pytest itself die (a signal from a kernel, an internal or usage error:
     any exit but 0 and 5) is detected by the suite: killed, though the harness refuses it because
-    its import guard could not report. The unmutated slice passes (the baseline of the campaign's
-    slices), so the crash is the mutant's."""
+    its import guard could not report, or reported and then pytest died (an out-of-bounds store of
+    an interpreted kernel that corrupts the heap aborts at teardown). The unmutated slice passes
+    (the baseline of the campaign's slices), so the crash is the mutant's."""
     m = _CRASH.match(res.detail or "")
-    if res.status == harness.REFUSED and m and int(m.group(1)) not in (0, 5):
-        return harness.Result(res.name, harness.KILLED, test=f"(pytest exit {m.group(1)}: the run crashed)",
+    code = int(m.group(1) or m.group(2)) if m else 0
+    if res.status == harness.REFUSED and code not in (0, 5):
+        return harness.Result(res.name, harness.KILLED, test=f"(pytest exit {code}: the run crashed)",
                               seconds=res.seconds, detail=res.detail)
     return res
 
@@ -82,6 +87,18 @@ def load_equivalents(root: Path) -> tuple[dict[str, str], list[str]]:
         else:
             valid[e["id"]] = e["reason"]
     return valid, problems
+
+
+def campaign_files(files: list[str], root: Path) -> list[str]:
+    """--files, checked: each must be a source file the generator mutates (relative to root,
+    as `specverify/kernels/tree.py`); returned in their order, without repeats."""
+    known = set(gen.source_files(root))
+    unknown = [f for f in files if f not in known]
+    if unknown:
+        raise harness.ZooError(f"--files: not a mutated source file: {', '.join(unknown)} (give paths relative to "
+                               f"the repository root, as specverify/kernels/tree.py, under the modules "
+                               f"{', '.join(gen.MODULES)})")
+    return list(dict.fromkeys(files))
 
 
 def as_mutant(site: gen.Site, slices: dict[str, tuple[str, ...]], seed: int) -> harness.Mutant:
@@ -137,17 +154,20 @@ def machine() -> str:
 
 def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalents: dict[str, str],
            triage_problems: list[str], *, seed: int, per_module: int, seconds: float, command: str,
-           machine_name: str | None = None) -> tuple[str, dict]:
-    """The markdown report and its json twin (machine_name: where the mutants ran, default this one)."""
+           machine_name: str | None = None, by_file: bool = False) -> tuple[str, dict]:
+    """The markdown report and its json twin (machine_name: where the mutants ran, default this one;
+    by_file: the sites were drawn per file (--files), so they are scored per file)."""
     where = machine_name or machine()
+    unit = "file" if by_file else "module"
     rows, per = [], {}
     for s in sites:
         r = results.get(s.ident)
         status = "equivalent" if s.ident in equivalents else (r.status if r else harness.NOT_RUN)
-        per.setdefault(s.module, []).append((s, status, r))
-    table = ["| module | generated | equivalent | killed | survived | not run | score |", "|---|---:|---:|---:|---:|---:|---:|"]
+        per.setdefault(s.file if by_file else s.module, []).append((s, status, r))
+    table = [f"| {unit} | generated | equivalent | killed | survived | not run | score |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     summary = {}
-    for module in [m for m in gen.MODULES if m in per]:
+    for module in sorted(per) if by_file else [m for m in gen.MODULES if m in per]:
         got = per[module]
         count = {k: sum(1 for _, st, _ in got if st == k)
                  for k in ("equivalent", harness.KILLED, harness.SURVIVED, harness.NOT_RUN, harness.REFUSED)}
@@ -163,8 +183,8 @@ def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalent
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# Mutation score: generated mutants, seed {seed}", "",
              f"- Command: `{command}`", f"- Date: {now}", f"- Machine: {where}",
-             f"- Seed {seed}, {per_module} sites drawn per module (all of a smaller one), {len(sites)} in all",
-             f"- Run time: {seconds:.0f} s", "", "## Score per module", "",
+             f"- Seed {seed}, {per_module} sites drawn per {unit} (all of a smaller one), {len(sites)} in all",
+             f"- Run time: {seconds:.0f} s", "", f"## Score per {unit}", "",
              "Score = killed / (killed + survived); equivalents (triaged in "
              f"`{EQUIVALENTS.as_posix()}`) and mutants the budget left unrun are apart.", "", *table, "",
              "## Survivors, equivalents and refusals", ""]
@@ -174,7 +194,7 @@ def report(sites: list[gen.Site], results: dict[str, harness.Result], equivalent
         lines.append("None.")
     if triage_problems:
         lines += ["", "## Stale or malformed triage entries", "", *[f"- {p}" for p in triage_problems]]
-    data = {"seed": seed, "per_module": per_module, "seconds": round(seconds), "machine": where,
+    data = {"seed": seed, "per_module": per_module, "by_file": by_file, "seconds": round(seconds), "machine": where,
             "modules": summary,
             "mutants": [part_record(s, st, r) for got in per.values() for s, st, r in got]}
     return "\n".join(lines) + "\n", data
@@ -199,7 +219,8 @@ def merge(paths: list[Path]) -> tuple[list[gen.Site], dict[str, harness.Result],
         machines = meta.setdefault("machines", [])
         if data["machine"] not in machines:
             machines.append(data["machine"])
-        meta.update(seed=data["seed"], per_module=data["per_module"], machine="; ".join(machines))
+        meta.update(seed=data["seed"], per_module=data["per_module"], machine="; ".join(machines),
+                    by_file=data.get("by_file", False))
         meta["seconds"] += data["seconds"]
         for m in data["mutants"]:
             site = gen.Site(m["file"], m["line"], m["operator"], m["target"], m["replacement"])
@@ -228,7 +249,13 @@ def command(args) -> int:
     try:
         slices = load_slices(root)
         equivalents, problems = load_equivalents(root)
-        sites = gen.sample(gen.all_sites(root), args.per_module, args.seed)
+        if args.files and args.modules:
+            raise harness.ZooError("--files and --modules: give one (--files draws per file, --modules per module)")
+        if args.files:
+            sites = gen.sample_files([s for rel in campaign_files(args.files, root) for s in gen.sites_of(root, rel)],
+                                     args.files, args.per_module, args.seed)
+        else:
+            sites = gen.sample(gen.all_sites(root), args.per_module, args.seed)
         if args.modules:
             unknown = sorted(set(args.modules) - set(gen.MODULES))
             if unknown:
@@ -249,7 +276,7 @@ def command(args) -> int:
         print(f"specverify mutants generate: {e}", file=__import__("sys").stderr)
         return 2
     text, data = report(sites, results, equivalents, problems, seed=args.seed, per_module=args.per_module,
-                        seconds=time.monotonic() - start, command=harness_command(args))
+                        seconds=time.monotonic() - start, command=harness_command(args), by_file=bool(args.files))
     print(text)
     if args.report:
         out = Path(args.report)
@@ -273,7 +300,7 @@ def rerun_part(parts: list[Path], ids: list[str], tests: tuple[str, ...], out: P
     start = time.monotonic()
     res = run_campaign(mutants, root, jobs=jobs, budget_s=float("inf"), timeout=timeout, full_fallback=False,
                        progress=lambda line: print(line, flush=True))
-    data = {"seed": meta["seed"], "per_module": meta["per_module"], "machine": machine(),
+    data = {"seed": meta["seed"], "per_module": meta["per_module"], "by_file": meta["by_file"], "machine": machine(),
             "seconds": round(time.monotonic() - start),
             "mutants": [part_record(s, res[s.ident].status, res[s.ident], f"re-run on {' '.join(tests)}")
                         for s in chosen]}
@@ -296,7 +323,7 @@ def _merged(args, root: Path) -> int:
     equivalents, problems = load_equivalents(root)
     results = {k: v for k, v in results.items() if k not in equivalents}
     text, data = report(sites, results, equivalents, problems, seed=meta["seed"], per_module=meta["per_module"],
-                        seconds=meta["seconds"], machine_name=meta["machine"],
+                        seconds=meta["seconds"], machine_name=meta["machine"], by_file=meta["by_file"],
                         command="python -m specverify mutants generate --merge " + " ".join(map(str, args.merge)))
     print(text)
     if args.report:
@@ -310,6 +337,8 @@ def harness_command(args) -> str:
              f"--jobs {args.jobs}", f"--budget {args.budget:g}"]
     if args.modules:
         parts.append("--modules " + " ".join(args.modules))
+    if args.files:
+        parts.append("--files " + " ".join(args.files))
     if args.no_full_suite:
         parts.append("--no-full-suite")
     if args.report:

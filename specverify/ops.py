@@ -27,7 +27,7 @@ from specverify.kernels.indexed_attention import decode_attention_indexed_impl
 from specverify.kernels.kv_commit import commit_kv_impl
 from specverify.kernels.launch import check_tensor, pick_impl
 from specverify.kernels.norm_matmul import MAX_HIDDEN as NORM_MATMUL_MAX_HIDDEN, norm_matmul_impl
-from specverify.kernels.order import order_key, topk_stable  # noqa: F401 - part of the ops API
+from specverify.kernels.order import order_key as _order_key, topk_stable as _topk_stable
 from specverify.kernels.state_scatter import state_scatter_impl
 from specverify.kernels.token_slots import token_slots_impl
 from specverify.kernels.tree import _raise_first
@@ -47,6 +47,27 @@ def selection_softmax(z: torch.Tensor) -> torch.Tensor:
     m = z.amax(-1, keepdim=True)                                     # NaN propagates
     shifted = torch.where(z == m, torch.zeros_like(z), z - m)        # max entries -> 0, even at ±inf
     return torch.softmax(shifted, dim=-1)
+
+
+def order_key(values: torch.Tensor) -> torch.Tensor:
+    """Integer keys of `values` (any shape, a float dtype: bfloat16, float16, float32, float64)
+    that order like the values in docs/semantics.md 6.1's order: -0.0 and +0.0 one key, every NaN
+    the largest key. float64 gives int64 keys, the others int32 keys of their float32 upcast."""
+    _tensor("values", values, "float")
+    _layer_float("values", values)
+    return _order_key(values)
+
+
+def topk_stable(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values [N, k], index [N, k] int64): the top k of each row of `values` [N, M] (a float
+    dtype) in the order (value descending, index ascending), NaN above every number, -0.0 == +0.0
+    (docs/semantics.md 6.1). k: an int in [1, M]. No host sync: safe inside a CUDA-graph capture."""
+    _tensor("values", values, "[N, M] float")
+    if values.dim() != 2:
+        raise ValueError(f"values must be [N, M], got shape {tuple(values.shape)}")
+    _layer_float("values", values)
+    k = check_int("k", k, 1, values.shape[1], why="at most the row's length M")
+    return _topk_stable(values, k)
 
 
 def _check_scale(scale, logits: torch.Tensor) -> None:

@@ -95,3 +95,21 @@ def test_trace_through_the_draft_kernels_equals_reference(draft_kernels, c, requ
             f"the search kernel ran for steps {sorted(set(steps))}, want 1..{c['steps'] - 1}")
     assert set(draft_kernels["select"]) == ({c["topk"]} if c["topk"] > 1 else set()), (
         f"the selection kernel ran for topk {sorted(set(draft_kernels['select']))}")
+
+
+@pytest.mark.parametrize("k, auto_path", [(16, "triton"), (17, "torch")])
+def test_a_gpu_runs_the_step_kernel_up_to_its_tile(k, auto_path, monkeypatch):
+    """The search step's dispatch on a CUDA device, where "auto" picks Triton: the kernel ranks
+    k^2 candidates in one tile, so "auto" takes it up to MAX_TRITON_TOPK beams and torch's path
+    above; impl="triton" takes the kernel and impl="torch" torch's path at any k. The device's
+    answer is stood in for (this runs on any machine); the paths only record that they ran."""
+    assert draft_search.MAX_TRITON_TOPK == 16
+    monkeypatch.setattr(draft_search, "pick_impl", lambda impl, device: "torch" if impl == "torch" else "triton")
+    ran = []
+    monkeypatch.setattr(draft_search, "_expand_triton", lambda *args: ran.append("triton"))
+    monkeypatch.setattr(draft_search, "_expand_torch", lambda *args: ran.append("torch"))
+    args = (torch.rand(1, k), torch.rand(1, k, k), torch.zeros((1, k, k), dtype=torch.int64),
+            torch.zeros((1, k, 4), dtype=torch.bool), torch.zeros((1, k, 8)))
+    for impl in ("auto", "triton", "torch"):
+        draft_search.expand_beams_impl(*args, 1, impl)
+    assert ran == [auto_path, "triton", "torch"]

@@ -268,6 +268,32 @@ def test_rotary_kv_write_reads_the_tables_at_clamped_positions(impl):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("layout", ["contiguous", "row-padded", "column-major", "every-second-column"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embed_concat_reads_any_table_layout(layout, dtype):
+    """The embedding table as a view of any layout: rows padded apart, column-major (a transpose:
+    unit row stride), every second column. The kernel reads a row's columns densely, so the
+    wrapper copies a table whose columns are apart, whatever its other stride. The result is a
+    gather and a copy: bit for bit `[table[ids] | features]`, on both paths, ids at both ends of
+    the vocabulary and repeated."""
+    g = torch.Generator().manual_seed(7)
+    vocab, hidden = 11, 6
+    def base(*shape):                    # the view is taken on the device: `.to` of a view copies it
+        return torch.randn(shape, generator=g).to(dtype).to(FUSED_DEVICE)
+    table = {"contiguous": lambda: base(vocab, hidden),
+             "row-padded": lambda: base(vocab, hidden + 3)[:, 1:hidden + 1],
+             "column-major": lambda: base(hidden, vocab).T,
+             "every-second-column": lambda: base(vocab, 2 * hidden)[:, ::2]}[layout]()
+    assert table.shape == (vocab, hidden) and table.is_contiguous() == (layout == "contiguous")
+    ids = torch.tensor([[0, vocab - 1, 3], [3, 0, vocab - 1]], device=FUSED_DEVICE)
+    features = base(2, 3, hidden)
+    want = torch.cat([table[ids], features], dim=-1)
+    for impl in ("torch", "triton"):
+        got = specverify.ops.embed_concat(ids=ids, table=table, features=features, impl=impl)
+        assert torch.equal(got, want), f"{impl}: embed_concat of a {layout} table differs"
+
+
+@pytest.mark.kernels
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_add_rmsnorm_reads_one_lane_per_request_through_a_strided_at(impl):
     """`at` as the engine may hand it: a column of a packed tensor (stride 2). The op reads each

@@ -105,6 +105,70 @@ def test_sampling_is_a_function_of_the_seed():
     assert all(n == 5 for n in per_module.values()), per_module
 
 
+def test_sampling_per_file_draws_from_each_named_file():
+    """--files: `per_file` sites of each file (all of a smaller one), none of another file, in the
+    order the files are named (a repeat counts once), a function of the seed; the module draw is
+    the same with or without it."""
+    sites = gen.all_sites(ROOT)
+    files = ["specverify/kernels/order.py", "specverify/kernels/rounding.py", "specverify/kernels/order.py"]
+    pools = {f: [s for s in sites if s.file == f] for f in files}
+    assert len(pools[files[0]]) > 7 and 0 < len(pools[files[1]])
+    a, b, c = (gen.sample_files(sites, files, 7, seed) for seed in (3, 3, 4))
+    assert [s.ident for s in a] == [s.ident for s in b] != [s.ident for s in c]
+    assert sum(s.file == files[0] for s in a) == 7 and {s.file for s in a} == set(files)
+    small = gen.sample_files(sites, [files[1]], len(pools[files[1]]) + 1, 3)
+    assert sorted(s.ident for s in small) == sorted(s.ident for s in pools[files[1]])
+    assert a == sorted(a, key=lambda s: (s.file, s.line, s.ident))
+    import random
+    rng = random.Random(3)
+    first = rng.sample(pools[files[0]], 7)                   # the named order decides which draw comes first
+    assert {s.ident for s in a if s.file == files[0]} == {s.ident for s in first}
+
+
+def test_campaign_files_are_checked_against_the_mutated_sources():
+    assert campaign.campaign_files(["specverify/kernels/order.py", "specverify/ops.py", "specverify/kernels/order.py"],
+                                   ROOT) == ["specverify/kernels/order.py", "specverify/ops.py"]
+    for bad in ("specverify/kernels/nope.py", "kernels/order.py", "specverify/mutant_generator.py",
+                str(ROOT / "specverify/ops.py")):
+        with pytest.raises(harness.ZooError, match=f"--files: not a mutated source file: {bad}"):
+            campaign.campaign_files(["specverify/ops.py", bad], ROOT)
+
+
+def test_a_campaign_takes_files_or_modules_not_both(capsys):
+    import argparse
+    parser = argparse.ArgumentParser()
+    harness.add_arguments(parser)
+    args = parser.parse_args(["generate", "--files", "specverify/kernels/order.py", "--modules", "kernels", "--list"])
+    assert campaign.command(args) == 2
+    assert "--files and --modules: give one" in capsys.readouterr().err
+    args = parser.parse_args(["generate", "--files", "specverify/kernels/rounding.py", "--per-module", "2",
+                              "--seed", "9", "--list"])
+    assert campaign.command(args) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    drawn = gen.sample_files(gen.sites_of(ROOT, "specverify/kernels/rounding.py"),
+                             ["specverify/kernels/rounding.py"], 2, 9)
+    assert listed == [s.ident for s in drawn] and len(listed) == 2
+    assert "--files specverify/kernels/rounding.py" in campaign.harness_command(args)
+
+
+def test_a_campaign_over_files_reports_per_file(tmp_path, monkeypatch):
+    """The command's own report (no mutant run: the harness is replaced by one that kills all)."""
+    import argparse
+    parser = argparse.ArgumentParser()
+    harness.add_arguments(parser)
+    killed = lambda todo, *a, **k: {m.name: harness.Result(m.name, harness.KILLED) for m in todo}
+    monkeypatch.setattr(campaign, "run_campaign", killed)
+    out = tmp_path / "r.md"
+    args = parser.parse_args(["generate", "--files", "specverify/kernels/rounding.py", "specverify/kernels/order.py",
+                              "--per-module", "2", "--report", str(out)])
+    assert campaign.command(args) == 0
+    data = __import__("json").loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    assert data["by_file"] is True
+    assert {f: row["killed"] for f, row in data["modules"].items()} == \
+        {"specverify/kernels/order.py": 2, "specverify/kernels/rounding.py": 2}
+    assert "## Score per file" in out.read_text(encoding="utf-8")
+
+
 def test_slices_cover_every_module_and_name_real_tests():
     slices = campaign.load_slices(ROOT)
     assert set(slices) >= set(gen.MODULES)
@@ -170,6 +234,42 @@ def test_the_report_scores_each_module_apart_from_equivalents(tmp_path):
         (4, 1, 1, 1, 1, "50.0%")
     assert "same value either way" in text and sites[1].ident in text and "seed 5" in text
     assert textwrap.dedent(text).count("| ops | 4 | 1 | 1 | 1 | 1 | 50.0% |") == 1
+
+
+def test_a_campaign_over_files_is_scored_per_file(tmp_path):
+    sites = sample_sites(tmp_path)[:3]
+    other = gen.Site("specverify/kernels/order.py", 3, "constant", "k = 1", "k = 2")
+    results = {sites[0].ident: harness.Result(sites[0].ident, harness.KILLED),
+               sites[1].ident: harness.Result(sites[1].ident, harness.SURVIVED),
+               other.ident: harness.Result(other.ident, harness.KILLED)}
+    text, data = campaign.report([*sites, other], results, {}, [], seed=5, per_module=3, seconds=1.0,
+                                 command="cmd", by_file=True)
+    assert set(data["modules"]) == {"specverify/ops.py", "specverify/kernels/order.py"} and data["by_file"]
+    assert data["modules"]["specverify/ops.py"]["score"] == "50.0%"
+    assert "| file | generated |" in text and "3 sites drawn per file" in text and "## Score per file" in text
+    assert text.index("| specverify/kernels/order.py | 1 |") < text.index("| specverify/ops.py | 3 |")
+    part = tmp_path / "part.json"
+    part.write_text(__import__("json").dumps({**data, "machine": "m"}), encoding="utf-8")
+    assert campaign.merge([part])[2]["by_file"] is True
+
+
+def test_a_run_that_dies_is_a_kill_whenever_it_died():
+    """pytest killed by a signal or ending in an internal error, before its import guard reported
+    or after: killed (the unmutated slice passes). An import leak, an exit 0 and an empty slice stay
+    refused."""
+    def refused(detail):
+        return campaign.crash_as_kill(harness.Result("m", harness.REFUSED, detail=detail))
+    for detail, code in (("the import guard wrote no report (pytest exit -11): Fatal Python error", -11),
+                         ("pytest exit -6 (usage or internal error): File \"x\", line 286 in _console_main", -6),
+                         ("pytest exit 3 (usage or internal error): INTERNALERROR", 3)):
+        res = refused(detail)
+        assert (res.status, res.test) == (harness.KILLED, f"(pytest exit {code}: the run crashed)"), detail
+    for detail in ("the import guard wrote no report (pytest exit 0): ", "the import guard wrote no report "
+                   "(pytest exit 5): ", "imports resolved outside the copy: /x (pytest exit -6 (usage or internal "
+                   "error))", "the slice collected no tests (check its tests and keyword)"):
+        assert refused(detail).status == harness.REFUSED, detail
+    survived = harness.Result("m", harness.SURVIVED, detail="pytest exit -6 (usage or internal error): x")
+    assert campaign.crash_as_kill(survived) is survived
 
 
 def test_an_edit_compiles_with_the_top_level_statements_it_touches():

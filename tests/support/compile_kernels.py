@@ -40,17 +40,25 @@ failures: list[str] = []
 
 
 def _compile_only(self, *args, grid, warmup, **kwargs):
-    """JITFunction.run up to the compile: bind, specialize, compile for TARGET, launch nothing."""
+    """JITFunction.run up to the compile: bind, specialize, compile for TARGET, launch nothing.
+    The binding and the launch options are checked here too (a num_warps the target refuses, an
+    argument the kernel has no parameter for): their error is the kernel's failure, never an
+    exception the wrapper's caller swallows as a launch that did not run."""
     kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
         kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
-    backend = make_backend(TARGET)
-    binder = create_function_from_signature(self.signature, self.params, backend)
-    bound_args, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound_args, specialization, options)
-    key = repr((signature, sorted(constexprs.items(), key=repr), sorted(attrs.items(), key=repr), options))
     name = f"{self.fn.__module__}.{self.fn.__name__}"
+    try:
+        backend = make_backend(TARGET)
+        binder = create_function_from_signature(self.signature, self.params, backend)
+        bound_args, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound_args, specialization, options)
+    except Exception as e:          # noqa: BLE001 - a launch the target refuses is the kernel's failure
+        launch = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
+        failures.append(f"{name} {launch}: the launch does not bind: {type(e).__name__}: {str(e)[:1500]}")
+        return None
+    key = repr((signature, sorted(constexprs.items(), key=repr), sorted(attrs.items(), key=repr), options))
     if key in compiled.setdefault(name, set()):
         return None
     compiled[name].add(key)

@@ -500,7 +500,8 @@ def _sm_errors(which: str):
 
 def _ec_sample(name, seed, dtype, *, bs, q, vocab, hidden, kind="plain", ids=None) -> SampleInput:
     """ids drawn in [0, vocab) (or given), the features of some samples one row broadcast over q
-    (stride 0, as a tree draft's parent feature) or every other column of a wider tensor."""
+    (stride 0, as a tree draft's parent feature) or every other column of a wider tensor, the
+    table of one column-major (a transpose: unit row stride, its columns apart)."""
     gen = torch.Generator().manual_seed(seed)
     t = _torch_dtype(dtype)
     table = S.normalish(gen, (vocab, hidden))
@@ -515,6 +516,8 @@ def _ec_sample(name, seed, dtype, *, bs, q, vocab, hidden, kind="plain", ids=Non
         wide = torch.zeros((bs, q, 2 * hidden), dtype=t)
         wide[..., ::2] = feats
         feats = wide[..., ::2]
+    elif kind == "column-major-table":
+        table = table.T.contiguous().T
     token = torch.randint(0, vocab, (bs, q), generator=gen) if ids is None else torch.tensor(ids, dtype=torch.int64)
     return SampleInput(name, {"ids": token, "table": table, "features": feats}, seed)
 
@@ -542,12 +545,14 @@ def _ec_samples(dtype: str, seed: int):
     yield _ec_sample("ulp-adjacent-entries", seed + 5, dtype, bs=2, q=2, vocab=4, hidden=16, kind="ulp")
     yield _ec_sample("broadcast-feature", seed + 6, dtype, bs=3, q=4, vocab=9, hidden=16, kind="broadcast-feature")
     yield _ec_sample("strided-feature", seed + 7, dtype, bs=2, q=3, vocab=9, hidden=12, kind="strided")
+    yield _ec_sample("column-major-table", seed + 9, dtype, bs=2, q=3, vocab=7, hidden=12, kind="column-major-table")
+    yield _ec_sample("wide-hidden", seed + 10, dtype, bs=1, q=2, vocab=3, hidden=1024)     # the kernel's 4-warp launch
 
 
 def _ec_recipe(dtype: str):
     from hypothesis import strategies as st
     return st.tuples(st.integers(0, 2**16), st.integers(0, 4), st.integers(1, 5), st.integers(1, 9), st.integers(1, 40),
-                     st.sampled_from(("plain", "nan", "ulp", "broadcast-feature", "strided"))).map(
+                     st.sampled_from(("plain", "nan", "ulp", "broadcast-feature", "strided", "column-major-table"))).map(
         lambda t: _ec_sample(f"hyp-{t[5]}", t[0], dtype, bs=t[1], q=t[2], vocab=t[3], hidden=t[4], kind=t[5]))
 
 
