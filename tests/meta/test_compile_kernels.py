@@ -52,7 +52,7 @@ def test_a_launch_the_target_refuses_is_its_kernels_failure(tmp_path):
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     env.setdefault("TRITON_CACHE_DIR", os.path.join(tempfile.gettempdir(), "specverify-triton-cache"))
     run = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+                         encoding="utf-8", errors="replace", timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["compiled"] == {"tiny_kernel._copy_kernel": 2}, out      # (8, 2) and (6, 1) reach the compiler
