@@ -268,6 +268,50 @@ def test_rotary_kv_write_reads_the_tables_at_clamped_positions(impl):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("layout", ["rows-apart", "sin-rows-apart", "sin-every-second-column",
+                                    "cos-every-second-column", "sin-column-major"])
+def test_rotary_kv_write_reads_tables_of_any_layout(layout):
+    """cos and sin as views of other layouts (the kernel reads both through cos's row stride and
+    their columns densely, so the wrapper copies the tables when either's columns are apart or
+    their row strides differ): whatever each table's layout, the rotated queries and the cache
+    writes are bit for bit those of contiguous tables, on both paths."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(6)
+    tokens, hq, hkv, dim, rows, slots_total = 5, 2, 1, 16, 9, 8
+    qkv = torch.randn((tokens, hq + 2 * hkv, dim), generator=gen).to(dev)
+    cos, sin = (torch.randn((rows, dim // 2), generator=gen).to(dev) for _ in range(2))
+    positions = torch.tensor([0, 8, 3, 3, 5], device=dev)
+    slots = torch.tensor([1, 2, 3, 6, 7], device=dev)
+
+    def viewed(t, how):                  # the same values, another layout (taken on the device)
+        if how == "every-second-column":
+            wide = torch.zeros((rows, dim), device=dev)
+            wide[:, ::2] = t
+            return wide[:, ::2]
+        if how == "column-major":
+            return t.T.contiguous().T
+        wide = torch.zeros((rows, dim), device=dev)             # rows apart: a column slice of a wider table
+        wide[:, 1:dim // 2 + 1] = t
+        return wide[:, 1:dim // 2 + 1]
+
+    c, s = {"rows-apart": (viewed(cos, "rows"), viewed(sin, "rows")),
+            "sin-every-second-column": (viewed(cos, "rows"), viewed(sin, "every-second-column")),
+            "sin-rows-apart": (cos, viewed(sin, "rows")),
+            "cos-every-second-column": (viewed(cos, "every-second-column"), viewed(sin, "rows")),
+            "sin-column-major": (cos, viewed(sin, "column-major"))}[layout]
+    assert torch.equal(c, cos) and torch.equal(s, sin) and not (c.is_contiguous() and s.is_contiguous())
+
+    def run(impl, c, s):
+        k, v = (torch.zeros((slots_total, hkv, dim), device=dev) for _ in range(2))
+        q = specverify.ops.rotary_kv_write(qkv=qkv, positions=positions, cos=c, sin=s, k_cache=k, v_cache=v,
+                                           slots=slots, num_q_heads=hq, impl=impl)
+        return q, k, v
+    for impl in ("torch", "triton"):
+        for got, want in zip(run(impl, c, s), run(impl, cos, sin)):
+            assert torch.equal(got, want), f"{impl}: rotary_kv_write with {layout} tables differs"
+
+
+@pytest.mark.kernels
 @pytest.mark.parametrize("layout", ["contiguous", "row-padded", "column-major", "every-second-column"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_embed_concat_reads_any_table_layout(layout, dtype):
@@ -320,14 +364,17 @@ def test_add_rmsnorm_reads_one_lane_per_request_through_a_strided_at(impl):
 @pytest.mark.kernels
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("lanes", [False, True], ids=["every-row", "one-lane"])
-def test_add_rmsnorm_reads_a_residual_strided_apart_from_x(impl, lanes):
-    """A residual whose rows lie 2H apart (a slice of a wider tensor) while x's lie H apart: each is
-    read through its own row stride, bit for bit what a contiguous copy gives."""
+@pytest.mark.parametrize("columns", ["dense", "every-second"])
+def test_add_rmsnorm_reads_a_residual_strided_apart_from_x(impl, lanes, columns):
+    """A residual whose rows lie 2H apart (a slice of a wider tensor) while x's lie H apart, its
+    columns dense or every second one (which the kernel cannot read: the wrapper copies it): bit
+    for bit what a contiguous copy gives."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(8)
     bs, q, hidden = 3, 4, 24
     x = torch.randn((bs, q, hidden), generator=gen).to(dev)
-    r = torch.randn((bs, q, 2 * hidden), generator=gen).to(dev)[..., :hidden]
+    wide = torch.randn((bs, q, 2 * hidden), generator=gen).to(dev)
+    r = wide[..., :hidden] if columns == "dense" else wide[..., ::2]
     w = (torch.rand(hidden, generator=gen) + 0.5).to(dev)
     at = torch.tensor([3, 0, 2], device=dev) if lanes else None
     got = specverify.ops.add_rmsnorm(x, w, residual=r, at=at, impl=impl)

@@ -176,6 +176,22 @@ def test_norm_matmul_zero_columns_still_return_the_sum(impl):
     assert out.shape == (5, 0) and torch.equal(total, x + r)
 
 
+def test_norm_matmul_of_no_columns_or_no_rows_launches_nothing(monkeypatch):
+    """An empty output (no columns or no rows), with or without a residual, launches no kernel: on
+    a GPU an empty W^T may have no address to hand one (the interpreter would run an empty grid
+    happily). The results are checked by the tests above; here only that nothing launched."""
+    from specverify.kernels import norm_matmul as nm_kernel
+    from tests.support.launches import launch_spy
+    launched = launch_spy(monkeypatch, nm_kernel, "_norm_matmul_kernel", "HAS_RESIDUAL")
+    x, gain = torch.randn((5, 16)), torch.ones(16)
+    for rows, cols in ((5, 0), (0, 3)):
+        for residual in (None, torch.randn((rows, 16))):
+            nm_kernel.norm_matmul_triton(x[:rows], residual, gain, torch.randn((cols, 16)), 1e-6)
+    assert launched == []
+    nm_kernel.norm_matmul_triton(x, None, gain, torch.randn((3, 16)), 1e-6)
+    assert launched == [False]
+
+
 def test_norm_matmul_bad_devices_and_eps_are_named():
     x, r = torch.randn(2, 8), torch.randn(2, 8)
     w, wt = torch.ones(8), torch.randn(5, 8)
@@ -290,6 +306,24 @@ def test_gated_norm_matmul_long_offsets_follow_the_up_half(monkeypatch):
     assert nm_kernel._span(wt[:2]) < 2 ** 31 - nm_kernel.BLOCK_SPAN <= nm_kernel._span(wt)
     nm_kernel.norm_matmul_triton(x, None, gain, wt, 1e-6, gated=True)
     nm_kernel.norm_matmul_triton(x, None, gain, wt[:2], 1e-6, gated=True)
+    assert launched == [True, False]
+
+
+def test_norm_matmul_long_offsets_start_below_2_31(monkeypatch):
+    """The 64-bit-offset flag is taken once an operand's span comes within the headroom of 2**31
+    (a tile's masked offsets reach past its last entry): W^T reaching 2**31 - 100 takes it, one
+    ending just before the headroom does not. Meta tensors, as above: nothing runs."""
+    from specverify.kernels import norm_matmul as nm_kernel
+    from tests.support.launches import launch_spy
+    launched = launch_spy(monkeypatch, nm_kernel, "_norm_matmul_kernel", "LONG_OFFSETS")
+    monkeypatch.setattr(nm_kernel, "interpreted", lambda kernel: True)
+    hidden = 64
+    x = torch.empty((2, hidden), dtype=torch.bfloat16, device="meta")
+    gain = torch.empty(hidden, dtype=torch.bfloat16, device="meta")
+    for end in (2 ** 31 - 100, 2 ** 31 - nm_kernel.BLOCK_SPAN - 1):
+        wt = torch.empty_strided((2, hidden), (end - hidden, 1), dtype=torch.bfloat16, device="meta")
+        assert nm_kernel._span(wt) == end
+        nm_kernel.norm_matmul_triton(x, None, gain, wt, 1e-6)
     assert launched == [True, False]
 
 
