@@ -252,8 +252,9 @@ def command(args) -> int:
         if args.files and args.modules:
             raise harness.ZooError("--files and --modules: give one (--files draws per file, --modules per module)")
         if args.files:
-            sites = gen.sample_files([s for rel in campaign_files(args.files, root) for s in gen.sites_of(root, rel)],
-                                     args.files, args.per_module, args.seed)
+            files = campaign_files(args.files, root)
+            sites = gen.sample_files([s for rel in files for s in gen.sites_of(root, rel)], files, args.per_module,
+                                     args.seed)
         else:
             sites = gen.sample(gen.all_sites(root), args.per_module, args.seed)
         if args.modules:

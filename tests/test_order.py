@@ -26,11 +26,8 @@ def _rows(dtype: torch.dtype, width: int, seed: int) -> torch.Tensor:
     few = torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64)[torch.randint(0, 3, (width,), generator=g)]
     special = torch.tensor([math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0], dtype=torch.float64)
     odd = special[torch.randint(0, 6, (width,), generator=g)]
-    one = torch.tensor(1.0, dtype=dtype)
-    neighbours = torch.stack([one, torch.nextafter(one, torch.tensor(2.0, dtype=dtype)),
-                              torch.nextafter(one, torch.tensor(0.0, dtype=dtype))]).double() \
-        if dtype in (torch.float64, torch.float32) else torch.tensor([1.0, 1.0078125, 0.99609375], dtype=torch.float64)
-    near = neighbours[torch.randint(0, 3, (width,), generator=g)]
+    eps = torch.finfo(dtype).eps                                    # 1's neighbours in dtype: 1 + eps, 1 - eps / 2
+    near = torch.tensor([1.0, 1.0 + eps, 1.0 - eps / 2], dtype=torch.float64)[torch.randint(0, 3, (width,), generator=g)]
     plain = torch.randn(width, generator=g, dtype=torch.float64)
     return torch.stack([few, odd, near, plain]).to(dtype)
 
@@ -46,8 +43,8 @@ def test_topk_stable_is_the_reference_order(dtype, width):
         for r, row in enumerate(upcast):
             want = topk_order(row, k)
             assert index[r].tolist() == want, f"{dtype} width {width} k {k} row {r}: {index[r].tolist()} != {want}"
-            assert torch.equal(values[r], rows[r, want]) or torch.equal(values[r].isnan(), rows[r, want].isnan()) \
-                and torch.equal(values[r].nan_to_num(), rows[r, want].nan_to_num()), f"{dtype} k {k} row {r}: values"
+            torch.testing.assert_close(values[r], rows[r, want], rtol=0, atol=0, equal_nan=True,
+                                       msg=f"{dtype} width {width} k {k} row {r}: values")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from specverify.ops import topk_stable
+from specverify.kernels.order import topk_stable     # n is checked here: the unchecked top-k
 from specverify.protocol.message import TARGET_TOKENS, Capacity, MessageWriter, read_message
 from specverify.protocol.output import OutputProcessor, RequestResult
 
